@@ -1,0 +1,88 @@
+# gpuops.clean_slate developer entry points.
+#   make demo   set up, then run the clean_slate job against the simulated 8-GPU node
+#   make test   set up, then run every gate and test (what CI runs)
+# Both do their own setup on a fresh clone and are quick the second time.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+VENV := $(ROOT)/.venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+SIM_BUILD := $(ROOT)/tests/sim/build
+COLL_LINK := $(ROOT)/ansible_collections/gpuops/clean_slate
+PYTEST_ARGS ?=
+
+export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
+export ANSIBLE_COLLECTIONS_PATH := $(ROOT)
+export PATH := $(BIN):$(PATH)
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: all setup test demo sanity units functional lab lint docs build changelog ee bench gpu-bundle clean distclean
+
+all: setup
+
+## ---------------------------------------------------------------- setup
+setup: $(VENV)/.stamp $(SIM_BUILD)/.stamp $(COLL_LINK) $(VENV)/.get-pip-shim
+
+$(VENV)/.stamp: tests/requirements.txt
+	@tests/tools/install-system-deps
+	@py=$$(tests/tools/pick-python); \
+	  if [ -x "$(PY)" ] && [ "$$($(PY) -c 'import sys; print(sys._base_executable)' 2>/dev/null)" != "$$py" ]; then rm -rf "$(VENV)"; fi; \
+	  [ -x "$(PY)" ] || { echo "creating $(VENV) with $$py"; "$$py" -m venv "$(VENV)"; }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r tests/requirements.txt
+	@touch $@
+
+$(SIM_BUILD)/.stamp: $(VENV)/.stamp $(wildcard tests/sim/nvml/*.c tests/sim/nvml/*.h tests/sim/nvml/*.py tests/sim/Makefile)
+	$(MAKE) -s -C tests/sim VENV=$(VENV)
+	@touch $@
+
+$(COLL_LINK):
+	@mkdir -p $(dir $@)
+	@ln -sfn ../../.. $@
+
+$(VENV)/.get-pip-shim: $(VENV)/.stamp
+	@tests/tools/write-get-pip-shim $(PY)
+	@touch $@
+
+## ---------------------------------------------------------------- main job
+demo: setup
+	@$(PY) tests/demo/demo.py
+
+## ---------------------------------------------------------------- gates
+test: setup
+	@tests/tools/run-gates
+
+sanity: setup
+	@tests/tools/sanity
+
+units: setup
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+# Functional tests signal real processes: they run in a private PID namespace.
+functional: setup
+	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/functional $(PYTEST_ARGS)
+
+lab: setup
+	$(BIN)/pytest -q -p no:cacheprovider tests/lab $(PYTEST_ARGS)
+
+lint: setup
+	@tests/tools/lint
+
+docs: setup
+	@tests/tools/docs
+
+build: setup
+	@tests/tools/build-artifact
+
+bench: setup
+	tests/tools/pidns-run $(PY) tests/bench/kill_verify.py
+	$(PY) tests/bench/inventory.py
+	tests/tools/pidns-run $(PY) tests/bench/role.py
+
+clean:
+	rm -rf .build tests/output $(SIM_BUILD) gpuops-clean_slate-*.tar.gz
+
+distclean: clean
+	rm -rf $(VENV) ansible_collections

@@ -1,0 +1,185 @@
+"""Run real Ansible (ansible-playbook and the module transport) from tests.
+
+Every functional, lab and benchmark test goes through these helpers, so the
+modules run exactly as they do for users: AnsiballZ payload, interpreter,
+connection plugin. Results come back through the ``results_json`` callback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv"
+VENV_PYTHON = str(VENV / "bin" / "python")
+CALLBACK_DIR = Path(__file__).resolve().parent / "callback"
+
+
+def ansible_env(extra: dict[str, str] | None = None, results_path: str | None = None) -> dict[str, str]:
+    """Environment for an Ansible run from the checkout."""
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_COLLECTIONS_PATH=str(ROOT),
+        ANSIBLE_CALLBACK_PLUGINS=str(CALLBACK_DIR),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_HOST_KEY_CHECKING="False",
+        ANSIBLE_LOCAL_TEMP=os.path.join(tempfile.gettempdir(), "gpuops-ansible-local"),
+        ANSIBLE_REMOTE_TEMP=os.path.join(tempfile.gettempdir(), "gpuops-ansible-remote"),
+        PATH=f"{VENV / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+    )
+    if results_path:
+        env["GPUOPS_TEST_RESULTS"] = results_path
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class AnsibleRun:
+    """Outcome of one ansible-playbook run."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    elapsed: float
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("status") != "stats"]
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        for r in reversed(self.records):
+            if r.get("status") == "stats":
+                return r
+        return {}
+
+    def task(self, name: str, host: str | None = None) -> dict[str, Any]:
+        """The last result record of the task called ``name`` (for ``host``)."""
+        found = [r for r in self.results if r["task"] == name and (host is None or r["host"] == host)]
+        if not found:
+            raise AssertionError(f"task {name!r} has no result; tasks seen: {sorted({r['task'] for r in self.results})}\n{self.output}")
+        return found[-1]
+
+    def by_action(self, action: str, host: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in self.results if r["action"].endswith(action) and (host is None or r["host"] == host)]
+
+    @property
+    def output(self) -> str:
+        return f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
+
+
+def run_playbook(
+    playbook: str | Path | list[dict[str, Any]],
+    inventory: str | Path | None = None,
+    extra_vars: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = False,
+    diff: bool = False,
+    limit: str | None = None,
+    tags: str | None = None,
+    forks: int | None = None,
+    args: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
+    timeout: float = 600,
+    cwd: str | Path | None = None,
+) -> AnsibleRun:
+    """Run ansible-playbook; ``playbook`` is a path or a list of plays to write out.
+
+    ``wrapper`` prefixes the command (for example an ``nsenter`` into a
+    sandbox PID namespace).
+    """
+    with tempfile.TemporaryDirectory(prefix="gpuops-run-") as tmp:
+        if isinstance(playbook, list):
+            path = Path(tmp) / "playbook.yml"
+            path.write_text(yaml.safe_dump(playbook, sort_keys=False))
+            playbook = path
+        results_path = str(Path(tmp) / "results.jsonl")
+        cmd = [*wrapper, str(VENV / "bin" / "ansible-playbook"), str(playbook)]
+        if inventory is not None:
+            cmd += ["-i", str(inventory)]
+        if extra_vars:
+            evfile = Path(tmp) / "extra_vars.json"
+            evfile.write_text(json.dumps(extra_vars))
+            cmd += ["-e", f"@{evfile}"]
+        if check:
+            cmd.append("--check")
+        if diff:
+            cmd.append("--diff")
+        if limit:
+            cmd += ["--limit", limit]
+        if tags:
+            cmd += ["--tags", tags]
+        if forks:
+            cmd += ["--forks", str(forks)]
+        cmd += list(args)
+        start = time.monotonic()
+        proc = subprocess.run(
+            cmd,
+            env=ansible_env(env, results_path),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=str(cwd or ROOT),
+            check=False,
+        )
+        elapsed = time.monotonic() - start
+        records: list[dict[str, Any]] = []
+        if os.path.exists(results_path):
+            with open(results_path, encoding="utf-8") as fh:
+                records = [json.loads(line) for line in fh if line.strip()]
+        return AnsibleRun(proc.returncode, proc.stdout, proc.stderr, elapsed, records)
+
+
+def local_play(tasks: list[dict[str, Any]], name: str = "Test play", gather_facts: bool = False, **play: Any) -> list[dict[str, Any]]:
+    """A one-play playbook against localhost over the local connection."""
+    return [
+        {
+            "name": name,
+            "hosts": "localhost",
+            "connection": "local",
+            "gather_facts": gather_facts,
+            "vars": {"ansible_python_interpreter": VENV_PYTHON},
+            **play,
+            "tasks": tasks,
+        }
+    ]
+
+
+def run_module(
+    module: str,
+    module_args: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = False,
+    diff: bool = False,
+    wrapper: Sequence[str] = (),
+    timeout: float = 300,
+) -> tuple[dict[str, Any], AnsibleRun]:
+    """Run one module on localhost through ansible-playbook and return its result."""
+    name = f"Run {module}"
+    task: dict[str, Any] = {"name": name, module: module_args or {}}
+    run = run_playbook(
+        local_play([task]),
+        inventory="localhost,",
+        env=env,
+        check=check,
+        diff=diff,
+        wrapper=wrapper,
+        timeout=timeout,
+    )
+    record = run.task(name)
+    result = dict(record["result"])
+    result["_status"] = record["status"]
+    return result, run
