@@ -1,0 +1,232 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""Read-only views of /proc: who holds the NVIDIA device files, process
+ancestry, kernel threads, PID namespaces and container membership.
+
+Raw /proc is read where psutil has no equivalent (device fds are not
+"open files" to psutil, and its memory_maps() is slow), and for the cheap
+per-process facts needed to protect processes before psutil is consulted.
+Every reader tolerates processes vanishing mid-scan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import typing as t
+from dataclasses import dataclass, field
+
+PF_KTHREAD = 0x00200000
+# The kernel's initial PID namespace always has this inode (PROC_PID_INIT_INO).
+INITIAL_PIDNS_INODE = 0xEFFFFFFC
+_GPU_FILE = re.compile(r"^nvidia(\d+)$")
+_LXC_CGROUP = re.compile(r"(?:^|/)lxc/(\d+)(?:/|$)|(?:^|/)lxc\.payload\.(\d+)(?:/|$)")
+
+
+@dataclass
+class Holding:
+    """What one process holds of the NVIDIA device files."""
+
+    gpu_fds: set[int] = field(default_factory=set)  # minors of /dev/nvidiaN held open
+    gpu_maps: set[int] = field(default_factory=set)  # minors of /dev/nvidiaN mapped
+    other_fds: set[str] = field(default_factory=set)  # nvidiactl, nvidia-uvm, nvidia-caps/...
+    other_maps: set[str] = field(default_factory=set)
+
+    @property
+    def minors(self) -> set[int]:
+        return self.gpu_fds | self.gpu_maps
+
+    @property
+    def has_mmaps(self) -> bool:
+        """CUDA processes map the device files; NVML-only management clients only open them."""
+        return bool(self.gpu_maps or self.other_maps)
+
+    def describe(self) -> list[str]:
+        """Short sentences for a candidate's ``reasons``."""
+        out = []
+        for minor in sorted(self.minors):
+            how = "+".join(x for x, on in (("fd", minor in self.gpu_fds), ("mmap", minor in self.gpu_maps)) if on)
+            out.append(f"holds nvidia{minor} ({how})")
+        others = sorted(self.other_fds | self.other_maps)
+        if others and not self.minors:
+            out.append("holds " + ", ".join(others))
+        return out
+
+
+def pids() -> list[int]:
+    """Every process visible in this /proc (thread-group leaders)."""
+    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+
+
+def pid_max() -> int:
+    """The largest pid the kernel hands out."""
+    try:
+        with open("/proc/sys/kernel/pid_max", encoding="ascii") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return 4194304
+
+
+def read_stat(pid: int) -> dict[str, t.Any] | None:
+    """comm, state, ppid, pgid, flags and start time (clock ticks) from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: split on the last ')'.
+    head, _, rest = raw.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 20:
+        return None
+    return {
+        "comm": head.partition("(")[2],
+        "state": fields[0],
+        "ppid": int(fields[1]),
+        "pgid": int(fields[2]),
+        "sid": int(fields[3]),
+        "flags": int(fields[6]),
+        "starttime": int(fields[19]),
+    }
+
+
+def is_kernel_thread(pid: int) -> bool:
+    """True for kernel threads (PF_KTHREAD), which must never be signalled."""
+    if pid == 2:
+        return True
+    st = read_stat(pid)
+    return bool(st and st["flags"] & PF_KTHREAD)
+
+
+def ancestors(pid: int) -> list[int]:
+    """The chain of parents of ``pid`` up to (and including) the namespace's init."""
+    chain: list[int] = []
+    seen = {pid}
+    current = pid
+    while True:
+        st = read_stat(current)
+        if not st or st["ppid"] <= 0 or st["ppid"] in seen:
+            return chain
+        current = st["ppid"]
+        seen.add(current)
+        chain.append(current)
+
+
+def pidns_inode(pid: int | str = "self") -> int | None:
+    """Inode of the PID namespace ``pid`` lives in (None when not readable)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def in_initial_pidns() -> bool:
+    """Whether this process runs in the host's initial PID namespace (not in a container)."""
+    return pidns_inode("self") == INITIAL_PIDNS_INODE
+
+
+def nspids(pid: int) -> list[int]:
+    """The NSpid line of /proc/PID/status: the pid at each namespace level, outermost first."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except OSError:
+        pass
+    return [pid]
+
+
+def container_of(pid: int) -> int | None:
+    """The Proxmox/LXC container id from the cgroup path (``/lxc/<vmid>/``), if any."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                path = line.rstrip("\n").split(":", 2)[-1]
+                m = _LXC_CGROUP.search(path)
+                if m:
+                    return int(m.group(1) or m.group(2))
+    except OSError:
+        pass
+    return None
+
+
+def wchan(pid: int) -> str | None:
+    """The kernel function a sleeping process waits in (useful for D-state diagnoses)."""
+    try:
+        with open(f"/proc/{pid}/wchan", encoding="utf-8", errors="replace") as fh:
+            value = fh.read().strip()
+    except OSError:
+        return None
+    return value if value and value != "0" else None
+
+
+def _classify(path: str, dev_dir: str) -> tuple[str, int | str] | None:
+    if not path.startswith(dev_dir):
+        return None
+    rel = path[len(dev_dir) :]
+    if rel.endswith(" (deleted)"):
+        rel = rel[: -len(" (deleted)")]
+    if not rel.startswith("nvidia"):
+        return None
+    m = _GPU_FILE.match(rel)
+    if m:
+        return ("gpu", int(m.group(1)))
+    return ("other", rel)
+
+
+def scan_device_holders(dev_dir: str = "/dev", only: t.Iterable[int] | None = None) -> tuple[dict[int, Holding], list[int]]:
+    """Find holders of ``<dev_dir>/nvidia*`` through /proc/*/fd and /proc/*/maps.
+
+    Returns the holders by pid and the pids whose fds could not be read
+    (permission), so callers can say what they could not see.
+    """
+    prefix = os.path.realpath(dev_dir).rstrip("/") + "/"
+    holders: dict[int, Holding] = {}
+    unreadable: list[int] = []
+    for pid in only if only is not None else pids():
+        holding = Holding()
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except PermissionError:
+            unreadable.append(pid)
+            fds = []
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            kind = _classify(target, prefix)
+            if kind is None:
+                continue
+            if kind[0] == "gpu":
+                holding.gpu_fds.add(t.cast(int, kind[1]))
+            else:
+                holding.other_fds.add(t.cast(str, kind[1]))
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    # A cheap substring test first: maps files of big processes are long.
+                    if "nvidia" not in line:
+                        continue
+                    parts = line.split(None, 5)
+                    if len(parts) < 6:
+                        continue
+                    kind = _classify(parts[5].strip(), prefix)
+                    if kind is None:
+                        continue
+                    if kind[0] == "gpu":
+                        holding.gpu_maps.add(t.cast(int, kind[1]))
+                    else:
+                        holding.other_maps.add(t.cast(str, kind[1]))
+        except OSError:
+            pass
+        if holding.gpu_fds or holding.gpu_maps or holding.other_fds or holding.other_maps:
+            holders[pid] = holding
+    return holders, unreadable

@@ -1,0 +1,199 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""End processes: SIGTERM (+SIGCONT for stopped ones), a grace period, SIGKILL,
+and waiting on facts rather than sleeps.
+
+Identity is pid + start time. Each target is pinned with a pidfd
+(``pidfd_open``) opened after its start time was checked again, and every
+signal goes through that pidfd: a pid that was reused between discovery and
+signal can never be hit, and the pidfd becomes readable the moment the
+process exits, so waiting returns as soon as the last target is gone instead
+of sleeping. Where pidfds are unavailable (kernel < 5.3), psutil's own
+reuse check and a short polling loop stand in.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable
+
+try:
+    import psutil
+
+    HAS_PSUTIL = True
+except ImportError:  # pragma: no cover - depends on the target host
+    HAS_PSUTIL = False
+
+SIGNALS = {
+    "TERM": signal.SIGTERM,
+    "INT": signal.SIGINT,
+    "HUP": signal.SIGHUP,
+    "QUIT": signal.SIGQUIT,
+    "USR1": signal.SIGUSR1,
+    "USR2": signal.SIGUSR2,
+    "KILL": signal.SIGKILL,
+}
+_POLL_FALLBACK_S = 0.005
+
+
+@dataclass
+class Victim:
+    """A process being ended, pinned by pid + start time (and a pidfd where possible)."""
+
+    pid: int
+    starttime: int
+    proc: t.Any = None  # psutil.Process
+    pidfd: int | None = None
+    signals_sent: list[str] = field(default_factory=list)
+    outcome: str | None = None  # terminated | killed | vanished | unkillable
+    seconds: float | None = None
+    state: str | None = None
+    wchan: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+
+def pin(pid: int, starttime: int) -> Victim:
+    """Pin a process for signalling; a process that is gone or was replaced comes back ``vanished``."""
+    victim = Victim(pid=pid, starttime=starttime)
+    st = _proctable.read_stat(pid)
+    if st is None or st["starttime"] != starttime or st["state"] in ("Z", "X"):
+        victim.outcome, victim.seconds = "vanished", 0.0
+        return victim
+    if hasattr(os, "pidfd_open"):
+        try:
+            victim.pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            victim.outcome, victim.seconds = "vanished", 0.0
+            return victim
+        except OSError:
+            victim.pidfd = None
+        # The pidfd now names one process for good; confirm it is the one discovered.
+        st = _proctable.read_stat(pid)
+        if st is None or st["starttime"] != starttime:
+            close(victim)
+            victim.outcome, victim.seconds = "vanished", 0.0
+            return victim
+    try:
+        victim.proc = psutil.Process(pid)
+    except psutil.Error:
+        close(victim)
+        victim.outcome, victim.seconds = "vanished", 0.0
+    return victim
+
+
+def close(victim: Victim) -> None:
+    """Release the pidfd."""
+    if victim.pidfd is not None:
+        try:
+            os.close(victim.pidfd)
+        except OSError:
+            pass
+        victim.pidfd = None
+
+
+def send(victim: Victim, name: str) -> bool:
+    """Send signal ``name``; False when the process is already gone."""
+    sig = SIGNALS.get(name, getattr(signal, f"SIG{name}", None))
+    if sig is None:
+        raise ValueError(f"unknown signal {name}")
+    try:
+        if victim.pidfd is not None:
+            signal.pidfd_send_signal(victim.pidfd, sig)
+        else:
+            victim.proc.send_signal(sig)  # psutil refuses a reused pid (NoSuchProcess)
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        return False
+    victim.signals_sent.append(name)
+    return True
+
+
+def exited(victim: Victim) -> bool:
+    """True once the process has exited (a zombie holds no GPU memory, so it counts as gone)."""
+    if victim.pidfd is not None:
+        ready, _, _ = select.select([victim.pidfd], [], [], 0)
+        return bool(ready)
+    try:
+        return not victim.proc.is_running() or victim.proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_exit(victims: list[Victim], deadline: float, start: float, outcome: str, clock: t.Callable[[], float]) -> None:
+    """Block until every victim has exited or ``deadline`` passes, stamping each one as it goes."""
+    pending = [v for v in victims if not v.done]
+    while pending:
+        for v in pending:
+            if exited(v):
+                v.outcome, v.seconds = outcome, round(clock() - start, 4)
+        pending = [v for v in pending if not v.done]
+        now = clock()
+        if not pending or now >= deadline:
+            return
+        fds = [v.pidfd for v in pending if v.pidfd is not None]
+        if len(fds) == len(pending):
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            poller.poll(max(1, int((deadline - now) * 1000)))
+        else:
+            time.sleep(min(_POLL_FALLBACK_S, deadline - now))
+
+
+def _is_stopped(victim: Victim) -> bool:
+    st = _proctable.read_stat(victim.pid)
+    return bool(st and st["starttime"] == victim.starttime and st["state"] in ("T", "t"))
+
+
+def escalate(
+    victims: list[Victim],
+    first: str = "TERM",
+    grace_period: float = 10.0,
+    kill_timeout: float = 10.0,
+    clock: t.Callable[[], float] = time.monotonic,
+) -> float:
+    """End ``victims``: ``first`` signal, SIGCONT to stopped ones, grace, SIGKILL, wait.
+
+    Returns the seconds it took. Every victim ends with an ``outcome``.
+    """
+    start = clock()
+    live = [v for v in victims if not v.done]
+    for v in live:
+        if not send(v, first):
+            v.outcome, v.seconds = "vanished", round(clock() - start, 4)
+    if first != "KILL":
+        # A stopped process cannot act on SIGTERM until it is continued.
+        for v in live:
+            if not v.done and _is_stopped(v):
+                send(v, "CONT")
+        wait_exit(live, start + grace_period, start, "terminated", clock)
+    survivors = [v for v in live if not v.done]
+    if survivors:
+        kill_start = clock()
+        if first != "KILL":
+            for v in survivors:
+                if not send(v, "KILL"):
+                    v.outcome, v.seconds = "killed", round(clock() - start, 4)
+        wait_exit(survivors, kill_start + kill_timeout, start, "killed", clock)
+    for v in live:
+        if not v.done:
+            # Still there after SIGKILL: stuck in the kernel (D state), frozen, or the like.
+            st = _proctable.read_stat(v.pid)
+            v.state = st["state"] if st else None
+            v.wchan = _proctable.wchan(v.pid)
+            v.outcome, v.seconds = "unkillable", round(clock() - start, 4)
+    for v in victims:
+        close(v)
+    return clock() - start

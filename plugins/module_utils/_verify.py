@@ -1,0 +1,285 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""Verify that GPUs are clean: poll NVML in-process until every selected GPU
+is clean or a deadline passes, then explain each GPU that is not.
+
+Polling is in-process because one NVML query costs well under a millisecond
+per GPU while spawning nvidia-smi costs ~22 ms, and because GPU memory comes
+back 60-110 ms after a process dies: a clean node answers in milliseconds and
+a node that was just cleaned answers as soon as the driver has freed it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
+    Gpu,
+    GpuProcess,
+    Memory,
+    NvmlError,
+    NvmlSession,
+    recovery_action_name,
+)
+
+# Diagnoses that waiting cannot change: stop polling early when only these remain.
+TERMINAL = frozenset({"gpu_lost", "unsupported", "needs_reset"})
+
+ADVICE = {
+    "busy": "end them with gpuops.clean_slate.gpu_procs_kill (or stop the service that owns them), then verify again.",
+    "held_outside_namespace": (
+        "the memory is held by processes this namespace cannot see (another container, or the host). Run the clean-up"
+        " where they live: on the Proxmox host with gpuops.clean_slate.gpu_procs_kill and containers: [<vmid>], or"
+        " inside the container that owns them."
+    ),
+    "orphaned_context": (
+        "no process anywhere holds this memory (an orphaned context). Killing cannot free it: stop the GPU's management"
+        " daemons (nvidia-persistenced, nv-hostengine, dcgm-exporter, nvidia-fabricmanager), reset the GPU with"
+        " nvidia-smi -r -i <index>, or reboot the node."
+    ),
+    "gpu_lost": "drain the node and reboot or power-cycle it; check dmesg for Xid 79.",
+    "needs_reset": (
+        "the driver asks for recovery before the GPU is used again: stop its management daemons and reset it"
+        " (nvidia-smi -r -i <index>), or reboot if the action is node_reboot."
+    ),
+    "unsupported": "this GPU does not report its memory use (unified-memory platforms such as GB10); it cannot be verified by memory.",
+    "unresponsive": "the driver timed out answering; the GPU may be hung. Check dmesg for Xid errors; a reset or reboot may be needed.",
+}
+
+
+@dataclass
+class Reading:
+    """One poll of one GPU."""
+
+    gpu: Gpu
+    memory: Memory | None = None
+    processes: list[GpuProcess] = field(default_factory=list)
+    recovery_action: int | None = None
+    error: NvmlError | None = None
+    estimated_reserved_mib: int | None = None
+
+    @property
+    def used_mib(self) -> int | None:
+        if self.memory is None:
+            return None
+        if self.memory.api == "v1":
+            return max(0, self.memory.used_mib - (self.estimated_reserved_mib or 0))
+        return self.memory.used_mib
+
+    @property
+    def reserved_mib(self) -> int | None:
+        if self.memory is None:
+            return None
+        return self.memory.reserved_mib if self.memory.api == "v2" else self.estimated_reserved_mib
+
+
+def read_gpu(session: NvmlSession, gpu: Gpu) -> Reading:
+    """Memory, processes and recovery action of one GPU; NVML errors are kept, not raised."""
+    reading = Reading(gpu=gpu)
+    if gpu.error is not None:
+        reading.error = gpu.error
+        return reading
+    try:
+        reading.memory = session.memory(gpu)
+        reading.processes = session.processes(gpu)
+        reading.recovery_action = session.recovery_action(gpu)
+    except NvmlError as exc:
+        reading.error = exc
+    return reading
+
+
+def estimate_v1_reserved(readings: list[Reading]) -> None:
+    """On drivers without memory info v2, estimate what each idle GPU reserves.
+
+    v1 ``used`` includes driver-reserved memory. The estimate is the smallest
+    (v1 used - memory of the listed processes) among GPUs of the same model,
+    so a GPU holding orphaned memory does not hide it as "reserved" while an
+    idle sibling exists.
+    """
+    by_model: dict[str | None, list[int]] = {}
+    for r in readings:
+        if r.memory is not None and r.memory.api == "v1":
+            listed = sum(p.used_mib or 0 for p in r.processes)
+            by_model.setdefault(r.gpu.name, []).append(max(0, r.memory.used_mib - listed))
+    for r in readings:
+        if r.memory is not None and r.memory.api == "v1":
+            r.estimated_reserved_mib = min(by_model[r.gpu.name])
+
+
+@dataclass
+class Criteria:
+    """What "clean" means."""
+
+    max_used_mib: int = 64
+    require_no_processes: bool = True
+
+
+def quick_judge(reading: Reading, criteria: Criteria) -> tuple[bool, str | None]:
+    """(clean, terminal diagnosis or None) from one reading, without scanning /proc."""
+    if reading.error is not None:
+        reason = reading.error.reason
+        if reason == "gpu_lost":
+            return False, "gpu_lost"
+        if reason == "not_supported":
+            return False, "unsupported"
+        if reason == "needs_reset":
+            return False, "needs_reset"
+        return False, None
+    used = reading.used_mib
+    if used is None or used > criteria.max_used_mib:
+        return False, None
+    if criteria.require_no_processes and reading.processes:
+        return False, None
+    if reading.recovery_action not in (None, 0):
+        return False, "needs_reset"
+    return True, None
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def diagnose(reading: Reading, criteria: Criteria, holders: dict[int, _proctable.Holding], own: set[int]) -> tuple[str, str, list[int]]:
+    """(diagnosis, sentence, pids holding it) for a GPU, using a /proc holder scan."""
+    clean, terminal = quick_judge(reading, criteria)
+    gpu = reading.gpu
+    if clean:
+        return "clean", "clean", []
+    if terminal in ("gpu_lost", "unsupported"):
+        return terminal, t.cast(NvmlError, reading.error).msg if reading.error else ADVICE[terminal], []
+    if reading.error is not None:
+        if reading.error.reason == "timeout":
+            return "unresponsive", f"{reading.error.msg} {ADVICE['unresponsive']}", []
+        return "unsupported", reading.error.msg, []
+    used = reading.used_mib or 0
+    compute_holders = sorted(pid for pid, h in holders.items() if pid not in own and gpu.minor is not None and gpu.minor in h.minors and h.has_mmaps)
+    visible_listed = sorted(p.pid for p in reading.processes if os.path.exists(f"/proc/{p.pid}") and p.pid not in own)
+    invisible_listed = sorted(p.pid for p in reading.processes if not os.path.exists(f"/proc/{p.pid}"))
+    holding = sorted(set(compute_holders) | set(visible_listed))
+    if holding:
+        names = ", ".join(f"{pid} ({_comm(pid) or '?'})" for pid in holding)
+        extra = ""
+        if invisible_listed:
+            extra = (
+                f" NVML also lists PID(s) {', '.join(map(str, invisible_listed))} that do not exist here"
+                " (a dead parent whose forked child holds the memory, or another namespace)."
+            )
+        return "busy", f"{used} MiB used, held by PID(s) {names}.{extra} {ADVICE['busy']}", holding
+    if used > criteria.max_used_mib or reading.processes:
+        if invisible_listed or not _proctable.in_initial_pidns():
+            listed = f" NVML lists PID(s) {', '.join(map(str, invisible_listed))}, not visible here." if invisible_listed else ""
+            return "held_outside_namespace", f"{used} MiB used and no process in this PID namespace holds it.{listed} {ADVICE['held_outside_namespace']}", []
+        action = recovery_action_name(reading.recovery_action)
+        hint = f" The driver's recovery action is {action}." if action and action != "none" else ""
+        return "orphaned_context", f"{used} MiB used with no process holding it.{hint} {ADVICE['orphaned_context']}", []
+    action = recovery_action_name(reading.recovery_action)
+    return "needs_reset", f"memory is free but the driver's recovery action is {action}. {ADVICE['needs_reset']}", []
+
+
+def gpu_report(reading: Reading, diagnosis: str, detail: str, clean: bool) -> dict[str, t.Any]:
+    """The per-GPU record the module returns."""
+    gpu = reading.gpu
+    mem = reading.memory
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "pci_bus_id": gpu.pci_bus_id,
+        "minor": gpu.minor,
+        "total_mib": mem.total_mib if mem else None,
+        "used_mib": reading.used_mib,
+        "reserved_mib": reading.reserved_mib,
+        "memory_api": mem.api if mem else None,
+        "processes": [
+            {"pid": p.pid, "name": _comm(p.pid), "used_mib": p.used_mib, "visible": os.path.exists(f"/proc/{p.pid}"), "types": p.kinds}
+            for p in reading.processes
+        ],
+        "recovery_action": recovery_action_name(reading.recovery_action),
+        "clean": clean,
+        "diagnosis": diagnosis,
+        "detail": detail,
+    }
+
+
+@dataclass
+class Outcome:
+    """Result of :func:`poll_until_clean`."""
+
+    gpus: list[dict[str, t.Any]]
+    elapsed_s: float
+    time_to_clean_s: float | None
+    polls: int
+    notes: list[str]
+
+    @property
+    def clean_count(self) -> int:
+        return sum(1 for g in self.gpus if g["clean"])
+
+
+def poll_until_clean(
+    session: NvmlSession,
+    gpus: list[Gpu],
+    criteria: Criteria,
+    timeout: float,
+    interval: float,
+    device_dir: str = "/dev",
+    clock: t.Callable[[], float] = time.monotonic,
+    sleep: t.Callable[[float], None] = time.sleep,
+) -> Outcome:
+    """Poll until every GPU in ``gpus`` is clean or ``timeout`` seconds pass."""
+    start = clock()
+    deadline = start + timeout
+    polls = 0
+    time_to_clean: float | None = None
+    while True:
+        polls += 1
+        readings = [read_gpu(session, g) for g in gpus]
+        estimate_v1_reserved(readings)
+        judged = [quick_judge(r, criteria) for r in readings]
+        now = clock()
+        if all(clean for clean, _ in judged):
+            time_to_clean = now - start
+            break
+        if all(clean or terminal in TERMINAL for clean, terminal in judged) or now >= deadline:
+            break
+        sleep(max(0.0, min(interval, deadline - now)))
+    elapsed = clock() - start
+    notes = []
+    if any(r.memory is not None and r.memory.api == "v1" for r in readings):
+        notes.append(
+            "The driver lacks nvmlDeviceGetMemoryInfo_v2: used_mib is v1 used minus an estimate of the reserved memory"
+            " (the smallest unexplained use among GPUs of the same model)."
+        )
+    holders: dict[int, _proctable.Holding] = {}
+    own = {os.getpid()}
+    if not all(clean for clean, _ in judged):
+        # Only a dirty node pays for the /proc scan that names the real holders.
+        holders, unreadable = _proctable.scan_device_holders(device_dir)
+        if unreadable:
+            notes.append(f"{len(unreadable)} process(es) could not be inspected (permission); run with become: true for a complete diagnosis.")
+    reports = []
+    for reading, (clean, _terminal) in zip(readings, judged):
+        diagnosis, detail, _pids = diagnose(reading, criteria, holders, own)
+        reports.append(gpu_report(reading, diagnosis, detail, clean))
+    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes)
+
+
+def failure_message(outcome: Outcome, expected_total: int) -> str:
+    """One message naming every dirty GPU, how much it holds, which PIDs, and what to do."""
+    dirty = [g for g in outcome.gpus if not g["clean"]]
+    parts = [f"{len(dirty)} of {expected_total} GPU(s) not clean after {outcome.elapsed_s:.1f} s:"]
+    for g in dirty:
+        parts.append(f"GPU {g['index']} ({g['uuid'] or 'uuid unknown'}): {g['diagnosis']}: {g['detail']}")
+    return " ".join(parts)

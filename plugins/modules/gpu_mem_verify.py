@@ -1,0 +1,318 @@
+#!/usr/bin/python
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_mem_verify
+short_description: Verify that NVIDIA GPUs are clean, waiting until they are or a deadline passes
+version_added: 0.1.0
+author:
+  - gpuops.clean_slate maintainers (@gpuops)
+description:
+  - Polls NVML in-process until every selected GPU is clean or O(timeout) seconds pass, and returns as soon as
+    they are, so a clean node answers in milliseconds.
+  - A GPU is clean when its used memory (NVML memory info v2, which excludes the memory the driver reserves) is at
+    most O(max_used_mib), no process is listed on it (with O(require_no_processes)), and the driver asks for no
+    recovery action.
+  - Drivers without memory info v2 report v1 C(used), which includes reserved memory (about 615 MiB on an idle
+    H200); the module then subtracts an estimate of the reserved memory and says so in RV(notes).
+  - For every GPU that is not clean the module gives a diagnosis (RV(gpus[].diagnosis)) and the next step, naming
+    the processes that hold it, found through NVML and through the holders of the GPU's device file.
+  - Changes nothing on the target.
+extends_documentation_fragment:
+  - gpuops.clean_slate._attributes
+attributes:
+  check_mode:
+    support: full
+    details: The module only reads; check mode runs it normally.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  gpus:
+    description:
+      - GPUs to verify, by index (V(0)) or UUID (V(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)).
+      - Empty means every GPU.
+    type: list
+    elements: raw
+    default: []
+  expected_count:
+    description:
+      - Fail when fewer than this many healthy GPUs are visible (lost GPUs do not count).
+      - The number an operator would count in C(nvidia-smi) output, for example V(8).
+    type: int
+  max_used_mib:
+    description:
+      - Most memory, in MiB of v2 C(used), that a clean GPU may have in use.
+      - One leftover CUDA context costs about 500 MiB, so the default catches any.
+    type: int
+    default: 64
+  require_no_processes:
+    description:
+      - A GPU on which NVML lists any process is not clean, whatever its memory.
+    type: bool
+    default: true
+  timeout:
+    description:
+      - Seconds to wait for the GPUs to become clean. V(0) checks once.
+    type: float
+    default: 30
+  interval:
+    description:
+      - Seconds between two polls.
+    type: float
+    default: 0.1
+  fail_on_dirty:
+    description:
+      - Fail when a GPU is not clean at the deadline or fewer than O(expected_count) GPUs are visible.
+      - V(false) only reports (RV(clean) tells), for a "before" picture.
+    type: bool
+    default: true
+  device_dir:
+    description:
+      - Directory holding the C(nvidia*) device files, scanned to name the processes holding a GPU that is not clean.
+    type: path
+    default: /dev
+requirements:
+  - nvidia-ml-py (C(pynvml)) on the target
+  - the NVIDIA driver (C(libnvidia-ml.so.1))
+notes:
+  - Inside an LXC container the driver lists only the container's own processes while memory counts everything;
+    memory held from outside is diagnosed as V(held_outside_namespace).
+seealso:
+  - module: gpuops.clean_slate.gpu_procs_kill
+  - role: gpuops.clean_slate.clean_slate
+"""
+
+EXAMPLES = r"""
+---
+- name: Check that all eight GPUs are clean, waiting up to 30 s
+  gpuops.clean_slate.gpu_mem_verify:
+    expected_count: 8
+
+- name: Verify two GPUs by index and UUID, with a tighter threshold
+  gpuops.clean_slate.gpu_mem_verify:
+    gpus:
+      - 0
+      - GPU-5f2d3b0e-8c1a-4d6e-9b7f-2a4c6e8d0f13
+    max_used_mib: 16
+    timeout: 10
+    interval: 0.05
+
+- name: Take a before picture without failing
+  gpuops.clean_slate.gpu_mem_verify:
+    fail_on_dirty: false
+    timeout: 0
+  register: before
+
+- name: Tolerate processes that use no memory (MPS control daemons)
+  gpuops.clean_slate.gpu_mem_verify:
+    require_no_processes: false
+
+- name: Look for holders of a non-standard device directory
+  gpuops.clean_slate.gpu_mem_verify:
+    device_dir: /run/nvidia/driver/dev
+"""
+
+RETURN = r"""
+clean:
+  description: Whether every selected GPU is clean (and enough GPUs are visible).
+  returned: always
+  type: bool
+  sample: true
+gpu_count:
+  description: Number of GPUs the driver reports, lost ones included.
+  returned: always
+  type: int
+  sample: 8
+clean_count:
+  description: Number of selected GPUs that are clean.
+  returned: always
+  type: int
+  sample: 8
+elapsed_s:
+  description: Seconds the verification took.
+  returned: always
+  type: float
+  sample: 0.003
+time_to_clean_s:
+  description: Seconds until every selected GPU was clean; null when they never were.
+  returned: always
+  type: float
+  sample: 0.112
+polls:
+  description: Number of NVML polls made.
+  returned: always
+  type: int
+  sample: 2
+driver_version:
+  description: The NVIDIA driver version.
+  returned: when the driver answers
+  type: str
+  sample: 580.159.04
+diagnosis:
+  description: Why the GPUs could not be read at all (for example V(driver_library_mismatch), V(driver_not_loaded), V(library_not_found)).
+  returned: on failure to read the GPUs
+  type: str
+  sample: driver_not_loaded
+notes:
+  description: Caveats about the readings, such as the v1 memory estimate.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+gpus:
+  description: One entry per selected GPU.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: NVML index.
+      type: int
+      sample: 0
+    uuid:
+      description: GPU UUID.
+      type: str
+      sample: GPU-5f2d3b0e-8c1a-4d6e-9b7f-2a4c6e8d0f13
+    name:
+      description: Product name.
+      type: str
+      sample: NVIDIA H200
+    pci_bus_id:
+      description: PCI bus id.
+      type: str
+      sample: "00000000:18:00.0"
+    minor:
+      description: Minor number of the GPU's device file C(/dev/nvidia<minor>).
+      type: int
+      sample: 0
+    total_mib:
+      description: Total memory.
+      type: int
+      sample: 143771
+    used_mib:
+      description: Memory in use, excluding reserved memory.
+      type: int
+      sample: 0
+    reserved_mib:
+      description: Memory the driver and firmware reserve (estimated when RV(gpus[].memory_api=v1)).
+      type: int
+      sample: 615
+    memory_api:
+      description: V(v2), or V(v1) when the driver lacks memory info v2.
+      type: str
+      sample: v2
+    processes:
+      description: Processes NVML lists on the GPU (C(pid), C(name), C(used_mib), C(visible) in this PID namespace, C(types)).
+      type: list
+      elements: dict
+      sample: [{"pid": 4242, "name": "sglang::schedul", "used_mib": 20000, "visible": true, "types": ["compute"]}]
+    recovery_action:
+      description: The driver's recovery action (V(none), V(gpu_reset), V(node_reboot), ...), null where unsupported.
+      type: str
+      sample: none
+    clean:
+      description: Whether this GPU is clean.
+      type: bool
+      sample: true
+    diagnosis:
+      description:
+        - V(clean), V(busy) (processes hold it), V(held_outside_namespace), V(orphaned_context) (memory held by no
+          process), V(gpu_lost), V(needs_reset), V(unsupported) or V(unresponsive).
+      type: str
+      sample: clean
+    detail:
+      description: A sentence saying what holds the GPU and what to do next.
+      type: str
+      sample: clean
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+
+
+def validate(params: dict) -> list:
+    """Reject bad input before touching the GPUs; returns the parsed GPU selectors."""
+    for name, low in (("timeout", 0), ("max_used_mib", 0), ("expected_count", 0)):
+        value = params.get(name)
+        if value is not None and value < low:
+            raise CleanSlateError(f"{name} must be >= {low}, got {value}.", reason="bad_arguments")
+    if params["interval"] <= 0:
+        raise CleanSlateError(f"interval must be > 0 seconds, got {params['interval']}.", reason="bad_arguments")
+    return _nvml.parse_gpu_selectors(params["gpus"])
+
+
+def run(module: AnsibleModule) -> dict:
+    p = module.params
+    selectors = validate(p)
+    with _nvml.NvmlSession() as session:
+        all_gpus = session.gpus()
+        selected = _nvml.select_gpus(all_gpus, selectors)
+        criteria = _verify.Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
+        outcome = _verify.poll_until_clean(session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"])
+        driver = session.driver_version()
+    healthy = sum(1 for g in all_gpus if g.error is None or g.error.reason != "gpu_lost")
+    result = {
+        "changed": False,
+        "gpus": outcome.gpus,
+        "gpu_count": len(all_gpus),
+        "clean_count": outcome.clean_count,
+        "elapsed_s": round(outcome.elapsed_s, 4),
+        "time_to_clean_s": None if outcome.time_to_clean_s is None else round(outcome.time_to_clean_s, 4),
+        "polls": outcome.polls,
+        "driver_version": driver,
+        "notes": outcome.notes,
+    }
+    problems = []
+    if p["expected_count"] is not None and healthy < p["expected_count"]:
+        lost = [str(g.index) for g in all_gpus if g.error is not None and g.error.reason == "gpu_lost"]
+        lost_text = f" (lost: GPU {', '.join(lost)})" if lost else ""
+        problems.append(f"expected {p['expected_count']} GPUs, found {healthy} healthy of {len(all_gpus)}{lost_text}.")
+    if outcome.clean_count < len(selected):
+        problems.append(_verify.failure_message(outcome, len(selected)))
+    result["clean"] = not problems
+    if problems:
+        result["msg"] = " ".join(problems)
+        if p["fail_on_dirty"]:
+            module.fail_json(**result)
+    else:
+        result["msg"] = f"{outcome.clean_count}/{len(selected)} GPUs clean in {outcome.elapsed_s:.2f} s"
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "gpus": {"type": "list", "elements": "raw", "default": []},
+            "expected_count": {"type": "int"},
+            "max_used_mib": {"type": "int", "default": 64},
+            "require_no_processes": {"type": "bool", "default": True},
+            "timeout": {"type": "float", "default": 30},
+            "interval": {"type": "float", "default": 0.1},
+            "fail_on_dirty": {"type": "bool", "default": True},
+            "device_dir": {"type": "path", "default": "/dev"},
+        },
+        supports_check_mode=True,
+    )
+    if not _nvml.HAS_PYNVML:
+        module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=_nvml.PYNVML_IMPORT_ERROR, diagnosis="missing_library", clean=False)
+    try:
+        module.exit_json(**run(module))
+    except CleanSlateError as exc:
+        module.fail_json(diagnosis=exc.reason, clean=False, gpus=[], **exc.result())
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        # A bug must still reach the operator as a sentence, with the traceback kept for -vvv.
+        module.fail_json(msg=f"gpu_mem_verify failed unexpectedly: {exc}", exception=traceback.format_exc(), diagnosis="internal_error", clean=False)
+
+
+if __name__ == "__main__":
+    main()
