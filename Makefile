@@ -40,7 +40,7 @@ $(SIM_BUILD)/.stamp: $(VENV)/.stamp $(wildcard tests/sim/nvml/*.c tests/sim/nvml
 
 $(COLL_LINK):
 	@mkdir -p $(dir $@)
-	@ln -sfn ../../.. $@
+	@ln -sfn ../.. $@
 
 $(VENV)/.get-pip-shim: $(VENV)/.stamp
 	@tests/tools/write-get-pip-shim $(PY)

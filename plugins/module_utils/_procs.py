@@ -221,7 +221,7 @@ def read_facts(pid: int) -> ProcFacts | None:
         pgid=st["pgid"],
         starttime=st["starttime"],
         state=st["state"],
-        kernel=bool(st["flags"] & _proctable.PF_KTHREAD) or pid == 2 or st["ppid"] == 2,
+        kernel=bool(st["flags"] & _proctable.PF_KTHREAD),
     )
 
 

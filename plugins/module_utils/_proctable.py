@@ -95,9 +95,10 @@ def read_stat(pid: int) -> dict[str, t.Any] | None:
 
 
 def is_kernel_thread(pid: int) -> bool:
-    """True for kernel threads (PF_KTHREAD), which must never be signalled."""
-    if pid == 2:
-        return True
+    """True for kernel threads (PF_KTHREAD), which must never be signalled.
+
+    Only the flag is trusted: in a child PID namespace pid 2 is an ordinary process.
+    """
     st = read_stat(pid)
     return bool(st and st["flags"] & PF_KTHREAD)
 

@@ -1,0 +1,175 @@
+"""_proctable against real processes holding real files."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable
+
+HOLDER = textwrap.dedent(
+    """
+    import ctypes, mmap, os, sys, time
+    dev, mode = sys.argv[1], sys.argv[2]
+    keep = []
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    for name in sys.argv[3:]:
+        fd = os.open(os.path.join(dev, name), os.O_RDWR)
+        if mode == "map":
+            keep.append(mmap.mmap(fd, 4096))
+        if mode == "maponly":
+            # A raw mmap (Python's mmap keeps a dup of the fd), then close: only the mapping holds the file.
+            keep.append(libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0))
+            os.close(fd)
+        else:
+            keep.append(fd)
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.fixture
+def devdir(tmp_path: Path) -> Path:
+    d = tmp_path / "dev"
+    d.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia7", "nvidiactl", "nvidia-uvm", "nvidia-modeset"):
+        (d / name).write_bytes(b"\0" * 4096)
+    (d / "nvidia-caps").mkdir()
+    (d / "nvidia-caps" / "nvidia-cap1").write_bytes(b"\0" * 4096)
+    return d
+
+
+@pytest.fixture
+def spawn():
+    procs: list[subprocess.Popen] = []
+
+    def _spawn(devdir: Path, mode: str, *names: str) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, str(devdir), mode, *names], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        procs.append(p)
+        return p
+
+    yield _spawn
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_fd_and_mmap_holders_are_told_apart(devdir: Path, spawn) -> None:
+    compute = spawn(devdir, "map", "nvidia1", "nvidiactl", "nvidia-uvm")
+    mgmt = spawn(devdir, "fd", "nvidiactl", "nvidia0", "nvidia7", "nvidia-caps/nvidia-cap1")
+    maponly = spawn(devdir, "maponly", "nvidia7")
+    holders, unreadable = _proctable.scan_device_holders(str(devdir))
+    assert unreadable == []
+    c = holders[compute.pid]
+    assert c.gpu_fds == {1} and c.gpu_maps == {1}
+    assert c.other_maps == {"nvidiactl", "nvidia-uvm"} and c.has_mmaps
+    m = holders[mgmt.pid]
+    assert m.minors == {0, 7} and not m.has_mmaps
+    assert m.other_fds == {"nvidiactl", "nvidia-caps/nvidia-cap1"}
+    # Closing the fd after mmap keeps the device (and its memory) held: only the maps scan sees it.
+    mo = holders[maponly.pid]
+    assert mo.gpu_fds == set() and mo.gpu_maps == {7}
+    assert "holds nvidia1 (fd+mmap)" in c.describe()
+    assert "holds nvidia7 (mmap)" in mo.describe()
+    assert os.getpid() not in holders
+
+
+def test_other_device_dirs_are_not_confused(devdir: Path, tmp_path: Path, spawn) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "nvidia0").write_bytes(b"\0" * 4096)
+    p = spawn(other, "map", "nvidia0")
+    holders, _ = _proctable.scan_device_holders(str(devdir))
+    assert p.pid not in holders
+    holders, _ = _proctable.scan_device_holders(str(other))
+    assert holders[p.pid].minors == {0}
+
+
+def test_holder_of_a_gpu_file_does_not_count_nvidia_prefixed_paths_elsewhere(tmp_path: Path, spawn) -> None:
+    d = tmp_path / "dev"
+    d.mkdir()
+    (d / "nvidia0").write_bytes(b"\0" * 4096)
+    (tmp_path / "nvidia0").write_bytes(b"\0" * 4096)
+    p = spawn(tmp_path, "map", "nvidia0")
+    holders, _ = _proctable.scan_device_holders(str(d))
+    assert p.pid not in holders
+
+
+def test_stat_ancestry_and_kernel_threads() -> None:
+    st = _proctable.read_stat(os.getpid())
+    assert st is not None and st["ppid"] == os.getppid()
+    chain = _proctable.ancestors(os.getpid())
+    assert chain[0] == os.getppid()
+    assert chain[-1] == 1 or 1 not in chain
+    assert not _proctable.is_kernel_thread(os.getpid())
+    assert _proctable.read_stat(_proctable.pid_max() + 1) is None
+
+
+def test_comm_with_spaces_and_parentheses_is_parsed(tmp_path: Path) -> None:
+    # comm may contain ") (" and spaces; the parser must split on the last ')'.
+    script = tmp_path / "weird) (name"
+    script.write_text("#!/bin/sh\nsleep 30\n")
+    script.chmod(0o755)
+    p = subprocess.Popen([str(script)])
+    try:
+        time.sleep(0.1)
+        st = _proctable.read_stat(p.pid)
+        assert st is not None
+        assert st["comm"] == "weird) (name"
+        assert st["ppid"] == os.getpid()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_namespaces_and_nspid() -> None:
+    assert _proctable.pidns_inode("self") == _proctable.pidns_inode(os.getpid())
+    assert _proctable.nspids(os.getpid())[-1] == os.getpid() or len(_proctable.nspids(os.getpid())) >= 1
+    assert _proctable.pidns_inode(_proctable.pid_max() + 1) is None
+
+
+def test_container_of_reads_proxmox_cgroup_paths(monkeypatch, tmp_path: Path) -> None:
+    samples = {
+        "0::/lxc/129/ns/init.scope\n": 129,
+        "12:pids:/lxc/4501/ns\n0::/lxc/4501/ns/system.slice\n": 4501,
+        "0::/lxc.payload.130/init.scope\n": 130,
+        "0::/lxc.monitor/129\n": None,
+        "0::/system.slice/sshd.service\n": None,
+        "0::/user.slice/lxc/notanumber\n": None,
+    }
+    real_open = open
+
+    for text, expected in samples.items():
+        f = tmp_path / "cgroup"
+        f.write_text(text)
+
+        def fake_open(path, *a, _f=f, **kw):
+            if path == "/proc/4242/cgroup":
+                return real_open(_f, *a, **kw)
+            return real_open(path, *a, **kw)
+
+        monkeypatch.setattr("builtins.open", fake_open)
+        assert _proctable.container_of(4242) == expected, text
+        monkeypatch.undo()
+
+
+def test_kernel_threads_are_recognised_by_their_flag() -> None:
+    if not os.path.exists("/proc/2/stat"):
+        pytest.skip("no pid 2 visible")
+    st = _proctable.read_stat(2)
+    assert st is not None
+    # In the initial namespace pid 2 is kthreadd; in a child namespace it is an ordinary process.
+    assert _proctable.is_kernel_thread(2) == bool(st["flags"] & _proctable.PF_KTHREAD)
+    if _proctable.in_initial_pidns():
+        assert _proctable.is_kernel_thread(2)

@@ -1,0 +1,155 @@
+"""_signals against real processes: escalation, SIGCONT, grace, vanishing, unkillable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _signals
+
+CHILD = textwrap.dedent(
+    """
+    import signal, sys, time
+    mode = sys.argv[1]
+    if mode == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif mode.startswith("slow:"):
+        delay = float(mode.split(":")[1])
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(delay), sys.exit(0)))
+    print("ready", flush=True)
+    while True:
+        time.sleep(1)
+    """
+)
+
+
+@pytest.fixture
+def spawn():
+    procs: list[subprocess.Popen] = []
+
+    def _spawn(mode: str = "default") -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", CHILD, mode], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        procs.append(p)
+        return p
+
+    yield _spawn
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def victim(p: subprocess.Popen) -> _signals.Victim:
+    st = _proctable.read_stat(p.pid)
+    assert st is not None
+    return _signals.pin(p.pid, st["starttime"])
+
+
+def test_term_ends_a_plain_process_at_once(spawn) -> None:
+    p = spawn()
+    v = victim(p)
+    took = _signals.escalate([v], grace_period=10, kill_timeout=10)
+    assert v.outcome == "terminated"
+    assert v.signals_sent == ["TERM"]
+    assert took < 1.0
+    assert p.wait(timeout=5) == -signal.SIGTERM
+
+
+def test_grace_period_is_honoured_before_sigkill(spawn) -> None:
+    p = spawn("ignore")
+    v = victim(p)
+    start = time.monotonic()
+    _signals.escalate([v], grace_period=0.6, kill_timeout=5)
+    elapsed = time.monotonic() - start
+    assert v.outcome == "killed"
+    assert v.signals_sent == ["TERM", "KILL"]
+    assert 0.6 <= elapsed < 2.0, elapsed
+    assert v.seconds is not None and v.seconds >= 0.6
+    assert p.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_stopped_process_is_continued_so_it_can_act_on_sigterm(spawn) -> None:
+    p = spawn()
+    os.kill(p.pid, signal.SIGSTOP)
+    deadline = time.time() + 2
+    while _proctable.read_stat(p.pid)["state"] != "T" and time.time() < deadline:
+        time.sleep(0.01)
+    v = victim(p)
+    _signals.escalate([v], grace_period=5, kill_timeout=5)
+    assert v.signals_sent == ["TERM", "CONT"]
+    assert v.outcome == "terminated"
+    assert v.seconds is not None and v.seconds < 2
+
+
+def test_waiting_returns_when_the_last_target_is_gone(spawn) -> None:
+    procs = [spawn(f"slow:{d}") for d in (0.05, 0.1, 0.2, 0.3)]
+    victims = [victim(p) for p in procs]
+    took = _signals.escalate(victims, grace_period=10, kill_timeout=10)
+    assert all(v.outcome == "terminated" for v in victims)
+    assert 0.3 <= took < 1.5, took
+    # Each one is stamped when it went, not when the wait ended.
+    assert victims[0].seconds < victims[-1].seconds
+
+
+def test_first_signal_kill_skips_the_grace_period(spawn) -> None:
+    p = spawn("ignore")
+    v = victim(p)
+    took = _signals.escalate([v], first="KILL", grace_period=30, kill_timeout=5)
+    assert v.outcome == "killed" and v.signals_sent == ["KILL"]
+    assert took < 1.0
+
+
+def test_a_process_that_is_gone_or_replaced_is_never_signalled(spawn) -> None:
+    p = spawn()
+    st = _proctable.read_stat(p.pid)
+    p.kill()
+    p.wait()
+    v = _signals.pin(p.pid, st["starttime"])
+    assert v.outcome == "vanished" and v.pidfd is None
+    _signals.escalate([v])
+    assert v.signals_sent == []
+    # Same pid, other start time: refused as well.
+    q = spawn()
+    st_q = _proctable.read_stat(q.pid)
+    w = _signals.pin(q.pid, st_q["starttime"] + 1)
+    _signals.escalate([w])
+    assert w.outcome == "vanished" and w.signals_sent == []
+    assert q.poll() is None
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.mark.skipif(not (FREEZER / "freezer.state").exists() and not FREEZER.is_dir(), reason="cgroup v1 freezer not available")
+def test_a_process_stuck_in_d_state_is_reported_unkillable(spawn, tmp_path: Path) -> None:
+    # A task frozen by the cgroup v1 freezer sits in D state and ignores SIGKILL until thawed:
+    # the same picture as a task stuck inside the NVIDIA driver.
+    p = spawn()
+    group = FREEZER / f"gpuops-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(p.pid))
+        (group / "freezer.state").write_text("FROZEN")
+        deadline = time.time() + 2
+        while _proctable.read_stat(p.pid)["state"] != "D" and time.time() < deadline:
+            time.sleep(0.01)
+        v = victim(p)
+        start = time.monotonic()
+        _signals.escalate([v], grace_period=0.2, kill_timeout=0.3)
+        assert time.monotonic() - start < 2
+        assert v.outcome == "unkillable"
+        assert v.state == "D"
+        assert v.wchan  # the kernel function it waits in, for the diagnosis
+        assert v.signals_sent == ["TERM", "KILL"]
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        p.wait(timeout=5)
+        group.rmdir()

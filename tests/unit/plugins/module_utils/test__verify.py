@@ -1,0 +1,123 @@
+"""_verify's judgement and diagnoses from readings (the NVML side is covered on the simulated node)."""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    Gpu,
+    GpuProcess,
+    Memory,
+    NvmlError,
+)
+
+CRIT = _verify.Criteria(max_used_mib=64, require_no_processes=True)
+DEAD_PID = _proctable.pid_max() + 5  # never exists
+
+
+def reading(used: int = 0, procs: list[GpuProcess] | None = None, api: str = "v2", recovery: int | None = 0, name: str = "NVIDIA H200", index: int = 0) -> _verify.Reading:
+    mem = Memory(total_mib=143771, used_mib=used, reserved_mib=615 if api == "v2" else None, free_mib=143771 - used, api=api)
+    return _verify.Reading(gpu=Gpu(index=index, uuid=f"GPU-{index}", name=name, minor=index), memory=mem, processes=procs or [], recovery_action=recovery)
+
+
+def test_idle_gpu_is_clean_and_small_use_is_tolerated() -> None:
+    assert _verify.quick_judge(reading(0), CRIT) == (True, None)
+    assert _verify.quick_judge(reading(64), CRIT) == (True, None)
+    assert _verify.quick_judge(reading(65), CRIT) == (False, None)
+
+
+def test_listed_process_makes_it_dirty_unless_allowed() -> None:
+    r = reading(0, [GpuProcess(pid=DEAD_PID, used_mib=0)])
+    assert _verify.quick_judge(r, CRIT) == (False, None)
+    assert _verify.quick_judge(r, _verify.Criteria(64, False)) == (True, None)
+
+
+def test_terminal_states() -> None:
+    lost = _verify.Reading(gpu=Gpu(index=3), error=NvmlError(NVML_ERROR_GPU_IS_LOST, "x", gpu=3))
+    assert _verify.quick_judge(lost, CRIT) == (False, "gpu_lost")
+    unsupported = _verify.Reading(gpu=Gpu(index=0), error=NvmlError(NVML_ERROR_NOT_SUPPORTED, "x"))
+    assert _verify.quick_judge(unsupported, CRIT) == (False, "unsupported")
+    timeout = _verify.Reading(gpu=Gpu(index=0), error=NvmlError(NVML_ERROR_TIMEOUT, "x"))
+    assert _verify.quick_judge(timeout, CRIT) == (False, None)  # transient: keep polling
+    assert _verify.quick_judge(reading(0, recovery=1), CRIT) == (False, "needs_reset")
+    assert _verify.quick_judge(reading(0, recovery=None), CRIT) == (True, None)
+
+
+def test_v1_reserved_is_estimated_from_the_idlest_sibling() -> None:
+    idle = reading(615, api="v1", index=0)
+    busy = reading(615 + 20000, [GpuProcess(pid=1, used_mib=20000)], api="v1", index=1)
+    orphan = reading(615 + 4096, api="v1", index=2)
+    _verify.estimate_v1_reserved([idle, busy, orphan])
+    assert [r.reserved_mib for r in (idle, busy, orphan)] == [615, 615, 615]
+    assert idle.used_mib == 0
+    assert busy.used_mib == 20000
+    # The orphaned memory is not mistaken for reserved memory.
+    assert orphan.used_mib == 4096
+    assert _verify.quick_judge(orphan, CRIT) == (False, None)
+
+
+def test_diagnoses() -> None:
+    own = {os.getpid()}
+    # Memory held, NVML lists a pid that does not exist here, and a visible process maps the device file.
+    r = reading(20000, [GpuProcess(pid=DEAD_PID, used_mib=20000)])
+    holders = {os.getpid(): _proctable.Holding(gpu_fds={0}, gpu_maps={0})}
+    diag, detail, pids = _verify.diagnose(r, CRIT, holders, set())
+    assert diag == "busy" and pids == [os.getpid()]
+    assert "do not exist here" in detail
+    # Our own NVML handle holds the file too, but it is never the culprit.
+    diag, _, _ = _verify.diagnose(r, CRIT, holders, own)
+    # ... and then the listed pid that exists nowhere here means: held from outside this namespace.
+    assert diag == "held_outside_namespace"
+    # Memory held, nothing listed, nothing holding.
+    diag, detail, _ = _verify.diagnose(reading(4096, recovery=1), CRIT, {}, own)
+    if _proctable.in_initial_pidns():
+        assert diag == "orphaned_context"
+        assert "recovery action is gpu_reset" in detail and "nvidia-smi -r" in detail
+    else:
+        assert diag == "held_outside_namespace"
+    diag, detail, _ = _verify.diagnose(reading(0, recovery=2), CRIT, {}, own)
+    assert diag == "needs_reset" and "node_reboot" in detail
+    lost = _verify.Reading(gpu=Gpu(index=3), error=NvmlError(NVML_ERROR_GPU_IS_LOST, "nvmlDeviceGetHandleByIndex", gpu=3))
+    diag, detail, _ = _verify.diagnose(lost, CRIT, {}, own)
+    assert diag == "gpu_lost" and "reboot" in detail
+    timeout = _verify.Reading(gpu=Gpu(index=1), error=NvmlError(NVML_ERROR_TIMEOUT, "nvmlDeviceGetMemoryInfo_v2", gpu=1))
+    assert _verify.diagnose(timeout, CRIT, {}, own)[0] == "unresponsive"
+
+
+def test_poll_returns_at_once_when_clean_and_waits_until_the_deadline_otherwise() -> None:
+    class Session:
+        def __init__(self, used: list[int]) -> None:
+            self.used = used
+
+        def memory(self, gpu: Gpu) -> Memory:
+            value = self.used.pop(0) if len(self.used) > 1 else self.used[0]
+            return Memory(143771, value, 615, 143771 - value, "v2")
+
+        def processes(self, gpu: Gpu) -> list[GpuProcess]:
+            return []
+
+        def recovery_action(self, gpu: Gpu) -> int:
+            return 0
+
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    out = _verify.poll_until_clean(Session([0]), [Gpu(index=0, minor=0)], CRIT, timeout=30, interval=0.1, clock=clock, sleep=sleep)
+    assert out.polls == 1 and out.time_to_clean_s == 0.0 and out.clean_count == 1
+    now[0] = 0.0
+    out = _verify.poll_until_clean(Session([20000, 20000, 0]), [Gpu(index=0, minor=0)], CRIT, timeout=30, interval=0.1, clock=clock, sleep=sleep)
+    assert out.polls == 3 and abs(out.time_to_clean_s - 0.2) < 1e-9
+    now[0] = 0.0
+    out = _verify.poll_until_clean(Session([20000]), [Gpu(index=0, minor=0)], CRIT, timeout=1.0, interval=0.1, clock=clock, sleep=sleep)
+    assert out.time_to_clean_s is None and out.clean_count == 0
+    assert 0.99 < out.elapsed_s < 1.01 and 10 <= out.polls <= 12
+    assert out.gpus[0]["diagnosis"] in ("orphaned_context", "held_outside_namespace")
+    msg = _verify.failure_message(out, 1)
+    assert msg.startswith("1 of 1 GPU(s) not clean after 1.0 s: GPU 0 (")
