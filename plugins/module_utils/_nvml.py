@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - depends on the target host
     PYNVML_IMPORT_ERROR = traceback.format_exc()
 
 MIB = 1024 * 1024
+DEVICE_RE = re.compile(r"^(?:.*/)?nvidia(\d+)$")
 UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
 FIELD_RECOVERY_ACTION = 230
@@ -387,7 +388,7 @@ def recovery_action_name(code: int | None) -> str | None:
 
 
 def parse_gpu_selectors(values: t.Sequence[t.Any] | None, option: str = "gpus") -> list[int | str]:
-    """Validate the ``gpus`` option: integers (indices) or GPU/MIG UUIDs.
+    """Validate the ``gpus`` option: integers (indices), GPU/MIG UUIDs, or device paths (``/dev/nvidia3``, by minor).
 
     Raises :class:`CleanSlateError` naming the option for anything else, before
     anything touches the GPUs.
@@ -397,14 +398,14 @@ def parse_gpu_selectors(values: t.Sequence[t.Any] | None, option: str = "gpus") 
         text = str(value).strip()
         if re.fullmatch(r"\d+", text):
             selectors.append(int(text))
-        elif UUID_RE.match(text):
+        elif UUID_RE.match(text) or DEVICE_RE.match(text):
             selectors.append(text)
         elif re.fullmatch(r"-\d+", text):
             raise CleanSlateError(f"{option}: GPU index {text} is negative; use indices from 0 (nvidia-smi -L lists them).", reason="bad_arguments")
         else:
             raise CleanSlateError(
-                f"{option}: {text!r} is neither a GPU index nor a GPU UUID; use an index such as 0 or a UUID of the form"
-                " GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (nvidia-smi -L lists both).",
+                f"{option}: {text!r} is neither a GPU index, a GPU UUID nor a device path; use an index such as 0, a UUID of the"
+                " form GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (nvidia-smi -L lists both) or a path such as /dev/nvidia0.",
                 reason="bad_arguments",
             )
     return selectors
@@ -416,9 +417,15 @@ def select_gpus(gpus: list[Gpu], selectors: list[int | str], option: str = "gpus
         return list(gpus)
     by_index = {g.index: g for g in gpus}
     by_uuid = {g.uuid.lower(): g for g in gpus if g.uuid}
+    by_minor = {g.minor: g for g in gpus if g.minor is not None}
     chosen: dict[int, Gpu] = {}
     for sel in selectors:
-        if isinstance(sel, int):
+        device = DEVICE_RE.match(sel) if isinstance(sel, str) else None
+        if device:
+            gpu = by_minor.get(int(device.group(1)))
+            if gpu is None:
+                raise CleanSlateError(f"{option}: no GPU on this host has the device file {sel} (minor {device.group(1)}).", reason="bad_arguments")
+        elif isinstance(sel, int):
             gpu = by_index.get(sel)
             if gpu is None:
                 span = f"0-{len(gpus) - 1}" if gpus else "none"

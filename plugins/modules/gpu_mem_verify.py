@@ -35,7 +35,7 @@ attributes:
 options:
   gpus:
     description:
-      - GPUs to verify, by index (V(0)) or UUID (V(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)).
+      - GPUs to verify, by index (V(0)), UUID (V(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)) or device file (V(/dev/nvidia0), by minor number).
       - Empty means every GPU.
     type: list
     elements: raw
@@ -159,6 +159,11 @@ diagnosis:
   returned: on failure to read the GPUs
   type: str
   sample: driver_not_loaded
+python:
+  description: The target's Python and which of the collection's Python dependencies it lacks (by package name).
+  returned: always
+  type: dict
+  sample: {"executable": "/usr/bin/python3", "version": "3.11.2", "missing": []}
 notes:
   description: Caveats about the readings, such as the v1 memory estimate.
   returned: always
@@ -232,12 +237,22 @@ gpus:
       sample: clean
 """
 
+import importlib.util
+import platform
+import sys
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _verify
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+
+
+def python_facts() -> dict:
+    """The target interpreter and which of the collection's Python dependencies it lacks."""
+    wanted = (("pynvml", "nvidia-ml-py"), ("psutil", "psutil"), ("jmespath", "jmespath"))
+    missing = [package for module_name, package in wanted if importlib.util.find_spec(module_name) is None]
+    return {"executable": sys.executable, "version": platform.python_version(), "missing": missing}
 
 
 def validate(params: dict) -> list:
@@ -271,6 +286,7 @@ def run(module: AnsibleModule) -> dict:
         "polls": outcome.polls,
         "driver_version": driver,
         "notes": outcome.notes,
+        "python": python_facts(),
     }
     problems = []
     if p["expected_count"] is not None and healthy < p["expected_count"]:
@@ -304,11 +320,13 @@ def main() -> None:
         supports_check_mode=True,
     )
     if not _nvml.HAS_PYNVML:
-        module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=_nvml.PYNVML_IMPORT_ERROR, diagnosis="missing_library", clean=False)
+        module.fail_json(
+            msg=missing_required_lib("nvidia-ml-py"), exception=_nvml.PYNVML_IMPORT_ERROR, diagnosis="missing_library", clean=False, python=python_facts()
+        )
     try:
         module.exit_json(**run(module))
     except CleanSlateError as exc:
-        module.fail_json(diagnosis=exc.reason, clean=False, gpus=[], **exc.result())
+        module.fail_json(diagnosis=exc.reason, clean=False, gpus=[], python=python_facts(), **exc.result())
     except Exception as exc:  # pylint: disable=broad-exception-caught
         # A bug must still reach the operator as a sentence, with the traceback kept for -vvv.
         module.fail_json(msg=f"gpu_mem_verify failed unexpectedly: {exc}", exception=traceback.format_exc(), diagnosis="internal_error", clean=False)

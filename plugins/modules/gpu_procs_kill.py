@@ -41,7 +41,7 @@ attributes:
 options:
   gpus:
     description:
-      - GPUs to clean, by index (V(0)) or UUID. Empty means every GPU.
+      - GPUs to clean, by index (V(0)), UUID or device file (V(/dev/nvidia0), by minor number). Empty means every GPU.
       - With a subset, only processes tied to those GPUs (by NVML or by their device file) are ended; processes found
         only by name, or holding only C(nvidiactl)/C(nvidia-uvm), count only when every GPU is selected.
     type: list

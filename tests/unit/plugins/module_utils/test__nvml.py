@@ -20,13 +20,15 @@ def test_selectors_accept_indices_and_uuids() -> None:
         "MIG-5f2d3b0e-8c1a-4d6e-9b7f-2a4c6e8d0f13",
     ]
     assert _nvml.parse_gpu_selectors(None) == []
+    assert _nvml.parse_gpu_selectors(["/dev/nvidia3", "nvidia0"]) == ["/dev/nvidia3", "nvidia0"]
 
 
 @pytest.mark.parametrize(
     ("value", "message"),
     [
         (-1, "gpus: GPU index -1 is negative"),
-        ("GPU-1234", "gpus: 'GPU-1234' is neither a GPU index nor a GPU UUID"),
+        ("GPU-1234", "gpus: 'GPU-1234' is neither a GPU index, a GPU UUID nor a device path"),
+        ("/dev/nvidiactl", "gpus: '/dev/nvidiactl' is neither"),
         ("first", "gpus: 'first' is neither"),
         (1.5, "gpus: '1.5' is neither"),
     ],
@@ -44,6 +46,10 @@ def test_select_by_index_and_uuid_in_index_order() -> None:
     assert [g.index for g in _nvml.select_gpus(gpus, [UUID1.lower(), 0, 1])] == [0, 1]
     with pytest.raises(CleanSlateError, match=r"gpus: GPU index 9 does not exist; this host has 2 GPU\(s\) \(indices 0-1\)"):
         _nvml.select_gpus(gpus, [9])
+    gpus[1].minor = 5
+    assert [g.index for g in _nvml.select_gpus(gpus, ["/dev/nvidia5"])] == [1]
+    with pytest.raises(CleanSlateError, match="gpus: no GPU on this host has the device file /dev/nvidia1"):
+        _nvml.select_gpus(gpus, ["/dev/nvidia1"])
     with pytest.raises(CleanSlateError, match="gpus: no GPU on this host has UUID"):
         _nvml.select_gpus(gpus, ["GPU-99999999-1111-2222-3333-444444444444"])
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import subprocess
 import sys

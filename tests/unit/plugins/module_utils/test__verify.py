@@ -19,7 +19,9 @@ CRIT = _verify.Criteria(max_used_mib=64, require_no_processes=True)
 DEAD_PID = _proctable.pid_max() + 5  # never exists
 
 
-def reading(used: int = 0, procs: list[GpuProcess] | None = None, api: str = "v2", recovery: int | None = 0, name: str = "NVIDIA H200", index: int = 0) -> _verify.Reading:
+def reading(
+    used: int = 0, procs: list[GpuProcess] | None = None, api: str = "v2", recovery: int | None = 0, name: str = "NVIDIA H200", index: int = 0
+) -> _verify.Reading:
     mem = Memory(total_mib=143771, used_mib=used, reserved_mib=615 if api == "v2" else None, free_mib=143771 - used, api=api)
     return _verify.Reading(gpu=Gpu(index=index, uuid=f"GPU-{index}", name=name, minor=index), memory=mem, processes=procs or [], recovery_action=recovery)
 
