@@ -15,7 +15,7 @@ description:
   - Runs on a Proxmox VE node and executes a command inside one of that node's LXC containers through C(pct exec),
     without SSH access to the container.
   - The command line is built as a list and never parsed by a shell on the node; pct's own options come before C(--),
-    the command after it, so arguments with spaces, quotes, C($(...)), leading dashes or any Unicode reach the container
+    the command after it, so arguments with spaces, quotes, command substitutions, leading dashes or any Unicode reach the container
     unchanged. O(command) is the one place a shell runs, C(/bin/sh -c) inside the container.
   - Checks the container with C(pct status) first and reports pct's own failures with a RV(reason) (V(no_such_container),
     V(not_running), V(bad_arguments), V(pct_failed)) recognised from pct's messages, instead of guessing from exit code
@@ -41,7 +41,7 @@ options:
     description:
       - ID of the container, 100 to 999999999.
       - Only containers whose configuration lives on the node the task runs on are visible to pct; run the task on the
-        container's node (the inventory plugin M(gpuops.clean_slate.proxmox) sets C(proxmox_node_host) for this).
+        container's node (the inventory plugin P(gpuops.clean_slate.proxmox#inventory) sets C(proxmox_node_host) for this).
     type: int
     required: true
   argv:
