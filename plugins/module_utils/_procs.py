@@ -114,6 +114,7 @@ class Candidate:
     pidns: int | None = None
     nspid: list[int] = field(default_factory=list)
     holding: _proctable.Holding | None = None
+    identity: tuple[t.Any, ...] | None = None
 
     @property
     def pid(self) -> int:
@@ -424,6 +425,10 @@ def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], g
             plan.ignored.append({"pid": pid, "why": f"owned by uid {f.uid}, not one of users"})
             continue
         c.user = _username(f.uid)
+        c.identity = _proctable.identity(pid)
+        if c.identity is None or c.identity[0] != f.starttime:
+            plan.ignored.append({"pid": pid, "why": "exited while being inspected"})
+            continue
         survivors.append(c)
     if req.where is not None and survivors:
         records = [c.record() for c in survivors]

@@ -79,7 +79,7 @@ def read_stat(pid: int) -> dict[str, t.Any] | None:
     except OSError:
         return None
     # comm may contain spaces and parentheses: split on the last ')'.
-    head, _, rest = raw.rpartition(")")
+    head, _sep, rest = raw.rpartition(")")
     fields = rest.split()
     if len(fields) < 20:
         return None
@@ -92,6 +92,33 @@ def read_stat(pid: int) -> dict[str, t.Any] | None:
         "flags": int(fields[6]),
         "starttime": int(fields[19]),
     }
+
+
+def identity(pid: int) -> tuple[int, str, bytes, str | None, int | None] | None:
+    """What names one process over time: start time, comm, cmdline, executable and owner.
+
+    The start time alone has a 10 ms resolution, so a pid recycled within the
+    same tick would pass for the old process; the rest tells an unrelated
+    newcomer apart. The parent is left out on purpose: it changes when a
+    process is re-parented, which says nothing about its identity.
+    """
+    st = read_stat(pid)
+    if st is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+    except OSError:
+        return None
+    try:
+        exe: str | None = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = None
+    try:
+        uid: int | None = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    return (st["starttime"], st["comm"], cmdline, exe, uid)
 
 
 def is_kernel_thread(pid: int) -> bool:

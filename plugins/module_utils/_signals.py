@@ -7,10 +7,12 @@
 """End processes: SIGTERM (+SIGCONT for stopped ones), a grace period, SIGKILL,
 and waiting on facts rather than sleeps.
 
-Identity is pid + start time. Each target is pinned with a pidfd
-(``pidfd_open``) opened after its start time was checked again, and every
-signal goes through that pidfd: a pid that was reused between discovery and
-signal can never be hit, and the pidfd becomes readable the moment the
+Identity is pid + start time (+ comm, cmdline, exe and owner, since start
+times tick every 10 ms). Each target is pinned with a pidfd (``pidfd_open``)
+and its identity is read again through /proc after the pidfd is open and
+compared with what discovery saw; every signal goes through that pidfd. A pid
+reused between discovery and signal can never be hit, and the pidfd becomes
+readable the moment the
 process exits, so waiting returns as soon as the last target is gone instead
 of sleeping. Where pidfds are unavailable (kernel < 5.3), psutil's own
 reuse check and a short polling loop stand in.
@@ -51,7 +53,7 @@ class Victim:
     """A process being ended, pinned by pid + start time (and a pidfd where possible)."""
 
     pid: int
-    starttime: int
+    identity: tuple[t.Any, ...] | None
     proc: t.Any = None  # psutil.Process
     pidfd: int | None = None
     signals_sent: list[str] = field(default_factory=list)
@@ -65,13 +67,9 @@ class Victim:
         return self.outcome is not None
 
 
-def pin(pid: int, starttime: int) -> Victim:
+def pin(pid: int, identity: tuple[t.Any, ...] | None) -> Victim:
     """Pin a process for signalling; a process that is gone or was replaced comes back ``vanished``."""
-    victim = Victim(pid=pid, starttime=starttime)
-    st = _proctable.read_stat(pid)
-    if st is None or st["starttime"] != starttime or st["state"] in ("Z", "X"):
-        victim.outcome, victim.seconds = "vanished", 0.0
-        return victim
+    victim = Victim(pid=pid, identity=identity)
     if hasattr(os, "pidfd_open"):
         try:
             victim.pidfd = os.pidfd_open(pid)
@@ -80,12 +78,13 @@ def pin(pid: int, starttime: int) -> Victim:
             return victim
         except OSError:
             victim.pidfd = None
-        # The pidfd now names one process for good; confirm it is the one discovered.
-        st = _proctable.read_stat(pid)
-        if st is None or st["starttime"] != starttime:
-            close(victim)
-            victim.outcome, victim.seconds = "vanished", 0.0
-            return victim
+    # With the pidfd open, the pid can no longer change hands: whatever /proc shows
+    # now is the pinned process, and it must be the one discovery chose.
+    st = _proctable.read_stat(pid)
+    if identity is None or _proctable.identity(pid) != identity or st is None or st["state"] in ("Z", "X"):
+        close(victim)
+        victim.outcome, victim.seconds = "vanished", 0.0
+        return victim
     try:
         victim.proc = psutil.Process(pid)
     except psutil.Error:
@@ -123,7 +122,7 @@ def send(victim: Victim, name: str) -> bool:
 def exited(victim: Victim) -> bool:
     """True once the process has exited (a zombie holds no GPU memory, so it counts as gone)."""
     if victim.pidfd is not None:
-        ready, _, _ = select.select([victim.pidfd], [], [], 0)
+        ready = select.select([victim.pidfd], [], [], 0)[0]
         return bool(ready)
     try:
         return not victim.proc.is_running() or victim.proc.status() == psutil.STATUS_ZOMBIE
@@ -154,7 +153,7 @@ def wait_exit(victims: list[Victim], deadline: float, start: float, outcome: str
 
 def _is_stopped(victim: Victim) -> bool:
     st = _proctable.read_stat(victim.pid)
-    return bool(st and st["starttime"] == victim.starttime and st["state"] in ("T", "t"))
+    return bool(st and victim.identity and st["starttime"] == victim.identity[0] and st["state"] in ("T", "t"))
 
 
 def escalate(

@@ -178,7 +178,10 @@ def diagnose(reading: Reading, criteria: Criteria, holders: dict[int, _proctable
             )
         return "busy", f"{used} MiB used, held by PID(s) {names}.{extra} {ADVICE['busy']}", holding
     if used > criteria.max_used_mib or reading.processes:
-        if invisible_listed or not _proctable.in_initial_pidns():
+        # Inside a container, host-held memory and an orphaned context look alike; the driver's
+        # recovery action tells them apart when it asks for a reset.
+        flagged = reading.recovery_action not in (None, 0)
+        if invisible_listed or (not flagged and not _proctable.in_initial_pidns()):
             listed = f" NVML lists PID(s) {', '.join(map(str, invisible_listed))}, not visible here." if invisible_listed else ""
             return "held_outside_namespace", f"{used} MiB used and no process in this PID namespace holds it.{listed} {ADVICE['held_outside_namespace']}", []
         action = recovery_action_name(reading.recovery_action)
@@ -249,7 +252,7 @@ def poll_until_clean(
         estimate_v1_reserved(readings)
         judged = [quick_judge(r, criteria) for r in readings]
         now = clock()
-        if all(clean for clean, _ in judged):
+        if all(clean for clean, _terminal in judged):
             time_to_clean = now - start
             break
         if all(clean or terminal in TERMINAL for clean, terminal in judged) or now >= deadline:
@@ -264,7 +267,7 @@ def poll_until_clean(
         )
     holders: dict[int, _proctable.Holding] = {}
     own = {os.getpid()}
-    if not all(clean for clean, _ in judged):
+    if not all(clean for clean, _terminal in judged):
         # Only a dirty node pays for the /proc scan that names the real holders.
         holders, unreadable = _proctable.scan_device_holders(device_dir)
         if unreadable:

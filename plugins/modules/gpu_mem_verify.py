@@ -22,6 +22,7 @@ description:
   - For every GPU that is not clean the module gives a diagnosis (RV(gpus[].diagnosis)) and the next step, naming
     the processes that hold it, found through NVML and through the holders of the GPU's device file.
   - Changes nothing on the target.
+  - The P(gpuops.clean_slate.clean_slate#role) role runs it after M(gpuops.clean_slate.gpu_procs_kill).
 extends_documentation_fragment:
   - gpuops.clean_slate._attributes
 attributes:
@@ -85,7 +86,6 @@ notes:
     memory held from outside is diagnosed as V(held_outside_namespace).
 seealso:
   - module: gpuops.clean_slate.gpu_procs_kill
-  - role: gpuops.clean_slate.clean_slate
 """
 
 EXAMPLES = r"""

@@ -25,7 +25,8 @@ description:
     survivors and waits up to O(kill_timeout). It returns as soon as the last target has exited.
   - A process is identified by pid and start time and signalled through a pidfd, so a pid reused between discovery
     and signal is never hit.
-  - It does not wait for GPU memory to be released; use M(gpuops.clean_slate.gpu_mem_verify) after it.
+  - It does not wait for GPU memory to be released; use M(gpuops.clean_slate.gpu_mem_verify) after it, as the
+    P(gpuops.clean_slate.clean_slate#role) role does.
 extends_documentation_fragment:
   - gpuops.clean_slate._attributes
 attributes:
@@ -147,7 +148,6 @@ notes:
     the driver, state D); only a reboot or GPU reset frees such a process.
 seealso:
   - module: gpuops.clean_slate.gpu_mem_verify
-  - role: gpuops.clean_slate.clean_slate
 """
 
 EXAMPLES = r"""
@@ -347,7 +347,7 @@ def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
     if p["containers"]:
         pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
         lxc_info = None if pct else module.get_bin_path("lxc-info", opt_dirs=["/usr/bin", "/usr/sbin"])
-        scopes = _scope.resolve(p["containers"], lambda argv: module.run_command(argv), pct, lxc_info)
+        scopes = _scope.resolve(p["containers"], module.run_command, pct, lxc_info)
     return _procs.Request(
         gpus=gpus,
         all_gpus=not selectors,
@@ -373,10 +373,10 @@ def run(module: AnsibleModule) -> dict:
     request = build_request(module, notes)
     plan = _procs.discover(request)
     notes.extend(plan.notes)
-    victims = {c.pid: _signals.Victim(pid=c.pid, starttime=c.facts.starttime) for c in plan.targets}
+    victims = {c.pid: _signals.Victim(pid=c.pid, identity=c.identity) for c in plan.targets}
     before = [f"{c.pid} {c.facts.comm}" for c in plan.targets]
     if plan.targets and not module.check_mode:
-        victims = {c.pid: _signals.pin(c.pid, c.facts.starttime) for c in plan.targets}
+        victims = {c.pid: _signals.pin(c.pid, c.identity) for c in plan.targets}
         _signals.escalate(list(victims.values()), first=p["signal"], grace_period=p["grace_period"], kill_timeout=p["kill_timeout"])
     targets = []
     for c in plan.targets:

@@ -89,9 +89,9 @@ def test_other_device_dirs_are_not_confused(devdir: Path, tmp_path: Path, spawn)
     other.mkdir()
     (other / "nvidia0").write_bytes(b"\0" * 4096)
     p = spawn(other, "map", "nvidia0")
-    holders, _ = _proctable.scan_device_holders(str(devdir))
+    holders, _unreadable = _proctable.scan_device_holders(str(devdir))
     assert p.pid not in holders
-    holders, _ = _proctable.scan_device_holders(str(other))
+    holders, _unreadable = _proctable.scan_device_holders(str(other))
     assert holders[p.pid].minors == {0}
 
 
@@ -101,7 +101,7 @@ def test_holder_of_a_gpu_file_does_not_count_nvidia_prefixed_paths_elsewhere(tmp
     (d / "nvidia0").write_bytes(b"\0" * 4096)
     (tmp_path / "nvidia0").write_bytes(b"\0" * 4096)
     p = spawn(tmp_path, "map", "nvidia0")
-    holders, _ = _proctable.scan_device_holders(str(d))
+    holders, _unreadable = _proctable.scan_device_holders(str(d))
     assert p.pid not in holders
 
 

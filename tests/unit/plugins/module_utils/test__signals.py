@@ -48,9 +48,9 @@ def spawn():
 
 
 def victim(p: subprocess.Popen) -> _signals.Victim:
-    st = _proctable.read_stat(p.pid)
-    assert st is not None
-    return _signals.pin(p.pid, st["starttime"])
+    ident = _proctable.identity(p.pid)
+    assert ident is not None
+    return _signals.pin(p.pid, ident)
 
 
 def test_term_ends_a_plain_process_at_once(spawn) -> None:
@@ -109,17 +109,21 @@ def test_first_signal_kill_skips_the_grace_period(spawn) -> None:
 
 def test_a_process_that_is_gone_or_replaced_is_never_signalled(spawn) -> None:
     p = spawn()
-    st = _proctable.read_stat(p.pid)
+    ident = _proctable.identity(p.pid)
     p.kill()
     p.wait()
-    v = _signals.pin(p.pid, st["starttime"])
+    v = _signals.pin(p.pid, ident)
     assert v.outcome == "vanished" and v.pidfd is None
     _signals.escalate([v])
     assert v.signals_sent == []
-    # Same pid, other start time: refused as well.
+    # Same pid, another identity (start time, or the same tick but another program): refused as well.
     q = spawn()
-    st_q = _proctable.read_stat(q.pid)
-    w = _signals.pin(q.pid, st_q["starttime"] + 1)
+    ident_q = _proctable.identity(q.pid)
+    assert ident_q is not None
+    for other in ((ident_q[0] + 1, *ident_q[1:]), (ident_q[0], ident_q[1], b"sleep\x0060\x00", *ident_q[3:])):
+        w = _signals.pin(q.pid, other)
+        assert w.outcome == "vanished" and w.pidfd is None
+    w = _signals.pin(q.pid, (ident_q[0] + 1, *ident_q[1:]))
     _signals.escalate([w])
     assert w.outcome == "vanished" and w.signals_sent == []
     assert q.poll() is None
