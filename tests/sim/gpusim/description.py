@@ -1,0 +1,233 @@
+"""The node description file (``$GPUSIM_STATE/node.conf``).
+
+A flat ``key=value`` text file, easy to parse in C. gpusim writes it; the
+simulated libnvidia-ml reads it on nvmlInit and re-reads it whenever it is
+replaced (every write is a rename, so the library notices a new inode), and
+the driver daemon reads it for capacity and release timing. Faults live in the
+same file, so switching one on at runtime reaches every running NVML client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+#: PCI bus numbers of the 8 GPUs of an HGX H100/H200 baseboard.
+HGX_BUSES = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
+H200_PCI_DEVICE_ID = 0x233510DE  # device 0x2335, vendor 0x10DE
+H200_PCI_SUBSYSTEM_ID = 0x18BE10DE
+
+PROCESS_APIS = ("v1", "v2", "v3")
+
+
+@dataclass
+class GpuSpec:
+    """One GPU as the node describes it."""
+
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
+    minor: int
+    total_mib: int
+    reserved_mib: int
+    mig_mode: int = 0
+    pci_device_id: int = H200_PCI_DEVICE_ID
+    pci_subsystem_id: int = H200_PCI_SUBSYSTEM_ID
+
+
+@dataclass
+class Faults:
+    """Every switchable misbehaviour of the node (see docs/simulator.md)."""
+
+    library_absent: bool = False  #: node.env() leaves libnvidia-ml.so.1 off the library path
+    init_error: str = ""  #: nvmlInit returns this NVML error (name or number)
+    lost: list[int] = field(default_factory=list)  #: GPUs that fell off the bus (GPU_IS_LOST)
+    timeout_functions: list[str] = field(default_factory=list)  #: these return NVML_ERROR_TIMEOUT
+    timeout_gpus: list[int] = field(default_factory=list)  #: ... only for these GPUs (empty: all)
+    timeout_delay_ms: int = 0  #: ... after hanging this long
+    orphan: dict[int, int] = field(default_factory=dict)  #: GPU -> MiB held by no process at all
+    recovery_action: dict[int, int] = field(default_factory=dict)  #: GPU -> nvmlDeviceGpuRecoveryAction_t
+    legacy_pids: bool = False  #: driver < 535.113: host pids, not converted into the caller's namespace
+    memory_v2_unsupported: bool = False  #: nvmlDeviceGetMemoryInfo_v2 -> FUNCTION_NOT_FOUND
+    process_api: str = "v3"  #: newest process entry point that exists
+    memory_na: bool = False  #: per-process usedGpuMemory = NVML_VALUE_NOT_AVAILABLE
+
+    def recovery(self, gpu: int) -> int:
+        """Effective recovery action: explicit, else GPU_RESET (1) for an orphaned context."""
+        if gpu in self.recovery_action:
+            return self.recovery_action[gpu]
+        return 1 if self.orphan.get(gpu, 0) > 0 else 0
+
+
+@dataclass
+class Description:
+    """Everything in node.conf."""
+
+    gpus: list[GpuSpec]
+    driver_version: str = "580.159.04"
+    nvml_version: str = "13.580.159.04"
+    cuda_driver_version: int = 13000
+    release_delay_ms: int = 100
+    release_gap_ms: int = 90
+    faults: Faults = field(default_factory=Faults)
+
+    # ------------------------------------------------------------ building
+    @classmethod
+    def create(
+        cls,
+        gpus: int,
+        name: str,
+        total_mib: int,
+        reserved_mib: int,
+        seed: str = "gpusim",
+        **kw: object,
+    ) -> Description:
+        """A node of `gpus` identical GPUs with deterministic UUIDs and bus ids."""
+        specs = [
+            GpuSpec(
+                index=i,
+                name=name,
+                uuid=gpu_uuid(seed, i),
+                pci_bus_id=f"00000000:{bus_number(i):02X}:00.0",
+                minor=i,
+                total_mib=total_mib,
+                reserved_mib=reserved_mib,
+            )
+            for i in range(gpus)
+        ]
+        return cls(gpus=specs, **kw)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------ encoding
+    def to_text(self) -> str:
+        f = self.faults
+        lines = [
+            "# gpusim node description: written by gpusim, read by libnvidia-ml (sim) and the driver daemon",
+            f"driver_version={self.driver_version}",
+            f"nvml_version={self.nvml_version}",
+            f"cuda_driver_version={self.cuda_driver_version}",
+            f"release_delay_ms={self.release_delay_ms}",
+            f"release_gap_ms={self.release_gap_ms}",
+            f"gpu_count={len(self.gpus)}",
+        ]
+        for g in self.gpus:
+            p = f"gpu.{g.index}."
+            lines += [
+                f"{p}name={g.name}",
+                f"{p}uuid={g.uuid}",
+                f"{p}pci_bus_id={g.pci_bus_id}",
+                f"{p}minor={g.minor}",
+                f"{p}total_mib={g.total_mib}",
+                f"{p}reserved_mib={g.reserved_mib}",
+                f"{p}mig_mode={g.mig_mode}",
+                f"{p}pci_device_id=0x{g.pci_device_id:08X}",
+                f"{p}pci_subsystem_id=0x{g.pci_subsystem_id:08X}",
+                f"{p}lost={int(g.index in f.lost)}",
+                f"{p}orphan_mib={f.orphan.get(g.index, 0)}",
+                f"{p}recovery_action={f.recovery(g.index)}",
+            ]
+        lines += [
+            f"fault.library_absent={int(f.library_absent)}",
+            f"fault.init_error={f.init_error}",
+            f"fault.legacy_pids={int(f.legacy_pids)}",
+            f"fault.memory_v2_unsupported={int(f.memory_v2_unsupported)}",
+            f"fault.process_api={f.process_api}",
+            f"fault.memory_na={int(f.memory_na)}",
+            f"fault.timeout_functions={','.join(f.timeout_functions)}",
+            f"fault.timeout_gpus={','.join(str(i) for i in f.timeout_gpus)}",
+            f"fault.timeout_delay_ms={f.timeout_delay_ms}",
+            f"fault.recovery_explicit={','.join(f'{k}:{v}' for k, v in sorted(f.recovery_action.items()))}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def parse(cls, text: str) -> Description:
+        kv: dict[str, str] = {}
+        for line in text.splitlines():
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                k, v = line.split("=", 1)
+                kv[k.strip()] = v.strip()
+        faults = Faults(
+            library_absent=kv.get("fault.library_absent", "0") == "1",
+            init_error=kv.get("fault.init_error", ""),
+            legacy_pids=kv.get("fault.legacy_pids", "0") == "1",
+            memory_v2_unsupported=kv.get("fault.memory_v2_unsupported", "0") == "1",
+            process_api=kv.get("fault.process_api", "v3") or "v3",
+            memory_na=kv.get("fault.memory_na", "0") == "1",
+            timeout_functions=_split(kv.get("fault.timeout_functions", "")),
+            timeout_gpus=[int(x) for x in _split(kv.get("fault.timeout_gpus", ""))],
+            timeout_delay_ms=int(kv.get("fault.timeout_delay_ms", "0") or 0),
+            recovery_action={
+                int(k): int(v) for k, v in (p.split(":") for p in _split(kv.get("fault.recovery_explicit", "")))
+            },
+        )
+        gpus = []
+        for i in range(int(kv.get("gpu_count", "0"))):
+            p = f"gpu.{i}."
+            gpus.append(
+                GpuSpec(
+                    index=i,
+                    name=kv[p + "name"],
+                    uuid=kv[p + "uuid"],
+                    pci_bus_id=kv[p + "pci_bus_id"],
+                    minor=int(kv[p + "minor"]),
+                    total_mib=int(kv[p + "total_mib"]),
+                    reserved_mib=int(kv[p + "reserved_mib"]),
+                    mig_mode=int(kv.get(p + "mig_mode", "0")),
+                    pci_device_id=int(kv.get(p + "pci_device_id", str(H200_PCI_DEVICE_ID)), 0),
+                    pci_subsystem_id=int(kv.get(p + "pci_subsystem_id", str(H200_PCI_SUBSYSTEM_ID)), 0),
+                )
+            )
+            if kv.get(p + "lost", "0") == "1":
+                faults.lost.append(i)
+            orphan = int(kv.get(p + "orphan_mib", "0"))
+            if orphan:
+                faults.orphan[i] = orphan
+        return cls(
+            gpus=gpus,
+            driver_version=kv.get("driver_version", "580.159.04"),
+            nvml_version=kv.get("nvml_version", "13.580.159.04"),
+            cuda_driver_version=int(kv.get("cuda_driver_version", "13000")),
+            release_delay_ms=int(kv.get("release_delay_ms", "100")),
+            release_gap_ms=int(kv.get("release_gap_ms", "90")),
+            faults=faults,
+        )
+
+    # ------------------------------------------------------------ file I/O
+    def write(self, state_dir: Path) -> None:
+        """Replace node.conf atomically (readers never see a half-written file)."""
+        path = Path(state_dir) / "node.conf"
+        tmp = path.with_name(f".node.conf.{os.getpid()}.tmp")
+        tmp.write_text(self.to_text())
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, state_dir: Path) -> Description:
+        return cls.parse((Path(state_dir) / "node.conf").read_text())
+
+
+def fault_names() -> list[str]:
+    """The names accepted by Node.set_fault()."""
+    names = [f.name for f in fields(Faults) if not f.name.startswith("timeout_")]
+    return sorted(names + ["timeout"])
+
+
+def gpu_uuid(seed: str, index: int) -> str:
+    """Deterministic "GPU-8-4-4-4-12" UUID for GPU `index` of the node `seed`."""
+    h = hashlib.sha256(f"{seed}/{index}".encode()).hexdigest()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def bus_number(index: int) -> int:
+    """PCI bus of GPU `index`: the HGX layout for the first 8, then free numbers."""
+    if index < len(HGX_BUSES):
+        return HGX_BUSES[index]
+    spare = [b for b in range(0x01, 0x100) if b not in HGX_BUSES]
+    return spare[(index - len(HGX_BUSES)) % len(spare)]
+
+
+def _split(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]

@@ -1,0 +1,275 @@
+"""The simulated kernel driver: ``python -m gpusim.driver --state DIR``.
+
+It plays the part of nvidia.ko's resource manager for one node:
+
+* it hands out GPU contexts over a unix socket (``driver.sock``), refusing
+  those that would not fit (cudaMalloc OOM) or that target a lost GPU;
+* it learns the owner from SO_PEERCRED (the kernel translates the pid into the
+  daemon's PID namespace) and records the owner's pid at every namespace
+  level, so the library can answer in the caller's namespace;
+* for each context a thread blocks in F_OFD_SETLKW for a write lock on the
+  context's byte, through a hard link of the device file kept outside dev/
+  (``driver/nvidia<minor>``), so the daemon never shows up as a holder of
+  ``dev/nvidia*``. The lock is granted when the last open file description
+  holding the owner's read lock is closed: every holder is gone (parent,
+  forked children, zombies excluded: exit closes files). The thread then
+  stamps dead_ns and computes when the teardown completes:
+  ``release_ns = max(dead_ns + delay, last release on this GPU + gap)``,
+  which serialises simultaneous deaths about one per ``gap`` like the real
+  driver, writes it into the record and deletes the record afterwards.
+
+The daemon must run in the PID namespace of whoever starts the node (tests
+run workloads in child namespaces, where it is as invisible as a kernel).
+While it runs it holds an OFD write lock on byte 0 of ``driver.lock``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .description import Description
+from .procfs import ofd_lock, pid_levels, pidns_inode
+from .state import Context, read_records, remove_record, write_record
+
+MIB = 1 << 20
+
+
+@dataclass
+class _Slot:
+    """In-memory view of a context, for capacity checks and release ordering."""
+
+    gpu: int
+    mib: int
+    release_ns: int | None = None
+
+
+class Driver:
+    """One node's driver daemon."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state = Path(state_dir)
+        self.mutex = threading.Lock()
+        self.slots: dict[int, _Slot] = {}
+        self.last_release: dict[int, int] = {}  # gpu -> release_ns of the latest teardown
+        self.next_id = 1
+        self._desc: Description | None = None
+        self._desc_key: tuple[int, int, int] | None = None
+        self.own_ns = pidns_inode()
+
+    # ---------------------------------------------------------- description
+    def desc(self) -> Description:
+        """node.conf, re-read when it was replaced (faults change at runtime)."""
+        st = os.stat(self.state / "node.conf")
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self._desc_key or self._desc is None:
+            self._desc = Description.read(self.state)
+            self._desc_key = key
+        return self._desc
+
+    # ---------------------------------------------------------- start-up
+    def lock_instance(self) -> int:
+        fd = os.open(self.state / "driver.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            ofd_lock(fd, 0, fcntl.F_WRLCK, wait=False)
+        except OSError:
+            raise SystemExit(f"gpusim driver: another daemon already runs for {self.state}") from None
+        return fd
+
+    def adopt(self) -> None:
+        """Take over the records of a previous daemon (a restart keeps contexts)."""
+        now = time.monotonic_ns()
+        for ctx in read_records(self.state):
+            self.next_id = max(self.next_id, ctx.id + 1)
+            if ctx.release_ns is not None:
+                if ctx.release_ns <= now:
+                    remove_record(self.state, ctx.id)
+                    continue
+                self.slots[ctx.id] = _Slot(ctx.gpu, ctx.mib, ctx.release_ns)
+                self.last_release[ctx.gpu] = max(self.last_release.get(ctx.gpu, 0), ctx.release_ns)
+                threading.Thread(target=self._expire, args=(ctx,), daemon=True).start()
+            else:
+                self.slots[ctx.id] = _Slot(ctx.gpu, ctx.mib)
+                threading.Thread(target=self._watch, args=(ctx,), daemon=True).start()
+
+    # ---------------------------------------------------------- registration
+    def _used_mib(self, gpu: int) -> int:
+        return sum(s.mib for s in self.slots.values() if s.gpu == gpu)
+
+    def _reserve(self, gpu: int, mib: int) -> tuple[int, int] | str:
+        """Allocate a context id, or return an error line."""
+        desc = self.desc()
+        if not 0 <= gpu < len(desc.gpus):
+            return f"error BADGPU no GPU {gpu} (the node has {len(desc.gpus)})"
+        if gpu in desc.faults.lost:
+            return f"error LOST GPU {gpu} has fallen off the bus"
+        spec = desc.gpus[gpu]
+        with self.mutex:
+            now = time.monotonic_ns()
+            for cid in [c for c, s in self.slots.items() if s.release_ns is not None and s.release_ns <= now]:
+                del self.slots[cid]
+            free = spec.total_mib - spec.reserved_mib - desc.faults.orphan.get(gpu, 0) - self._used_mib(gpu)
+            if mib > free:
+                return f"error OOM out of memory: {mib} MiB requested, {max(free, 0)} MiB free on GPU {gpu}"
+            cid = self.next_id
+            self.next_id += 1
+            self.slots[cid] = _Slot(gpu, mib)
+        return cid, spec.minor
+
+    def handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            f = conn.makefile("rwb", buffering=0)
+            try:
+                line = f.readline().decode().split()
+                if line[:1] == ["ping"]:
+                    f.write(b"pong\n")
+                    return
+                if len(line) != 3 or line[0] != "register":
+                    f.write(b"error PROTOCOL expected: register <gpu> <mib>\n")
+                    return
+                gpu, mib = int(line[1]), int(line[2])
+            except (ValueError, OSError):
+                return
+            pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+            reserved = self._reserve(gpu, mib)
+            if isinstance(reserved, str):
+                f.write(reserved.encode() + b"\n")
+                return
+            cid, minor = reserved
+            try:
+                f.write(f"lock {cid} {minor}\n".encode())
+                if f.readline().strip() != b"locked":
+                    raise OSError("client went away")
+            except OSError:
+                with self.mutex:
+                    self.slots.pop(cid, None)
+                return
+            try:
+                levels = pid_levels(pid)
+            except OSError:
+                levels = []
+            if not levels or levels[0][0] != self.own_ns:
+                levels = [(self.own_ns, pid)]  # exited already, or /proc is not our namespace's
+            ctx = Context(
+                id=cid, gpu=gpu, minor=minor, mib=mib, lock=cid, pid=pid, levels=levels, created_ns=time.monotonic_ns()
+            )
+            write_record(self.state, ctx)
+            threading.Thread(target=self._watch, args=(ctx,), daemon=True).start()
+            try:
+                f.write(f"ok {cid}\n".encode())
+            except OSError:
+                pass  # the context exists regardless; the watcher handles its end
+
+    # ---------------------------------------------------------- teardown
+    def _watch(self, ctx: Context) -> None:
+        """Block until every holder of the context is gone, then schedule its release."""
+        fd = os.open(self.state / "driver" / f"nvidia{ctx.minor}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            ofd_lock(fd, ctx.lock, fcntl.F_WRLCK, wait=True)
+            dead = time.monotonic_ns()
+            ofd_lock(fd, ctx.lock, fcntl.F_UNLCK, wait=False)
+        finally:
+            os.close(fd)
+        try:
+            desc = self.desc()
+            delay, gap = desc.release_delay_ms * 1_000_000, desc.release_gap_ms * 1_000_000
+        except OSError:
+            delay, gap = 100_000_000, 90_000_000
+        with self.mutex:
+            release = max(dead + delay, self.last_release.get(ctx.gpu, 0) + gap)
+            self.last_release[ctx.gpu] = release
+            slot = self.slots.get(ctx.id)
+            if slot:
+                slot.release_ns = release
+        ctx.dead_ns, ctx.release_ns = dead, release
+        try:
+            write_record(self.state, ctx)
+        except OSError:
+            return  # state dir removed: the node is gone
+        self._expire(ctx)
+
+    def _expire(self, ctx: Context) -> None:
+        """Delete the record once the release time has passed (the library
+        already ignores it from release_ns on; deleting just tidies up)."""
+        assert ctx.release_ns is not None
+        delay = (ctx.release_ns - time.monotonic_ns()) / 1e9
+        if delay > 0:
+            time.sleep(delay)
+        remove_record(self.state, ctx.id)
+        with self.mutex:
+            self.slots.pop(ctx.id, None)
+
+    # ---------------------------------------------------------- main loop
+    def serve(self, ready_fd: int | None, watch_parent: bool) -> None:
+        self._lock_fd = self.lock_instance()  # open (hence locked) until we exit
+        (self.state / "driver.pid").write_text(f"{os.getpid()}\n")
+        self.adopt()
+        path = self.state / "driver.sock"
+        if len(os.fsencode(path)) >= 108:
+            raise SystemExit(f"gpusim driver: socket path too long: {path}")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(str(path))
+        os.chmod(path, 0o666)
+        srv.listen(128)
+
+        def stop(_sig: int, _frame: object) -> None:
+            for p in (path, self.state / "driver.pid"):
+                try:
+                    p.unlink()
+                except FileNotFoundError:
+                    pass
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        if watch_parent:
+            threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
+        if ready_fd is not None:
+            os.write(ready_fd, b"ready\n")
+            os.close(ready_fd)
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except InterruptedError:
+                continue
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def _watch_parent(self, parent: int) -> None:
+        """Exit with the process that started us (Node.start without detach),
+        so a killed test run leaves no daemon behind."""
+        try:
+            fd = os.pidfd_open(parent)
+        except ProcessLookupError:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gpusim.driver", description="simulated NVIDIA kernel driver daemon")
+    ap.add_argument("--state", required=True, type=Path)
+    ap.add_argument("--ready-fd", type=int, help="write 'ready' here once serving")
+    ap.add_argument("--watch-parent", action="store_true", help="exit when the parent process exits")
+    args = ap.parse_args(argv)
+    Driver(args.state.resolve()).serve(args.ready_fd, args.watch_parent)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,586 @@
+"""A simulated NVIDIA GPU node: state directory, driver daemon, workers."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import paths
+from .description import PROCESS_APIS, Description, Faults, GpuSpec
+from .procfs import PidHandle, ancestors, children, daemon_running, find_in_namespace, holders
+from .state import counted_contexts, memory
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
+
+DEV_FILE_BYTES = 4096  #: device files must be mmappable
+READY_TIMEOUT = 10.0
+
+
+class WorkerError(RuntimeError):
+    """A worker exited (or hung) before reporting ready, e.g. OOM (exit code 3)."""
+
+    def __init__(self, message: str, returncode: int | None, log: str) -> None:
+        super().__init__(f"{message}\n{log}".rstrip())
+        self.returncode = returncode
+        self.log = log
+
+
+class Worker:
+    """A gpusim-worker process (fake CUDA job or management client).
+
+    Attributes: ``pid`` (as seen from the caller's PID namespace), ``child_pid``
+    (the --fork-child child), ``ns_pid``/``child_ns_pid`` (inside the sandbox),
+    ``popen`` (for a sandboxed worker: the nsenter that started it).
+    """
+
+    def __init__(self, node: Node, popen: subprocess.Popen[bytes], ready_fd: int, log: Path,
+                 sandbox: Sandbox | None) -> None:
+        self.node = node
+        self.popen = popen
+        self.sandbox = sandbox
+        self.log_path = log
+        self.child_pid: int | None = None
+        self.ns_pid: int | None = None
+        self.child_ns_pid: int | None = None
+        self._pid: int | None = None if sandbox else popen.pid
+        self._handle: PidHandle | None = None if sandbox else PidHandle(popen.pid)
+        self._child: PidHandle | None = None
+        self._ready_fd: int | None = ready_fd
+        self.ready = False
+
+    def __repr__(self) -> str:
+        return f"<Worker pid={self._pid} child={self.child_pid} ns_pid={self.ns_pid}>"
+
+    @property
+    def pid(self) -> int:
+        """Pid in the caller's namespace (for a sandboxed worker: known once ready)."""
+        if self._pid is None:
+            self.wait_ready()
+        assert self._pid is not None
+        return self._pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> Worker:
+        """Wait for "ready <pid>[ child <pid>]": the contexts exist from then on."""
+        if self.ready:
+            return self
+        assert self._ready_fd is not None
+        deadline = time.monotonic() + timeout
+        data = b""
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            r, _, _ = select.select([self._ready_fd], [], [], max(0.0, left))
+            if not r:
+                raise WorkerError(f"worker not ready after {timeout}s", self.popen.poll(), self.log())
+            chunk = os.read(self._ready_fd, 256)
+            if not chunk:
+                try:
+                    rc = self.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    rc = None
+                raise WorkerError(f"worker exited with status {rc} before it was ready", rc, self.log())
+            data += chunk
+        os.close(self._ready_fd)
+        self._ready_fd = None
+        words = data.split()
+        pid = int(words[1])
+        child = int(words[3]) if len(words) >= 4 and words[2] == b"child" else None
+        if self.sandbox is None:
+            self.child_pid = child
+        else:
+            ns = self.sandbox.ns_inode
+            self.ns_pid, self.child_ns_pid = pid, child
+            # nsenter's child is the worker (the cgroup wrapper execs into it)
+            self._pid = find_in_namespace(ns, pid, children(self.popen.pid)) or find_in_namespace(ns, pid)
+            self._handle = PidHandle(self._pid) if self._pid else None
+            if child is not None:
+                near = children(self._pid or 0) + children(self.sandbox.init_pid)
+                self.child_pid = find_in_namespace(ns, child, near) or find_in_namespace(ns, child)
+        if self.child_pid:
+            self._child = PidHandle(self.child_pid)
+        self.ready = True
+        return self
+
+    def alive(self) -> bool:
+        """The worker process has not exited (a stopped one is alive; a zombie is not)."""
+        if self._handle is None:
+            return self.popen.poll() is None
+        return self._handle.alive()
+
+    def child_alive(self) -> bool:
+        return self._child is not None and self._child.alive()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the worker (pidfd: never a recycled pid)."""
+        if self._handle is None:
+            self.wait_ready()
+        if self._handle is not None:
+            self._handle.signal(sig)
+
+    def kill_child(self, sig: int = signal.SIGKILL) -> None:
+        if self._child is not None:
+            self._child.signal(sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the worker to exit; its exit status (negative: signal). For a
+        sandboxed worker this is nsenter's status, which mirrors the worker's."""
+        return self.popen.wait(timeout)
+
+    def wait_gone(self, timeout: float = 5.0) -> bool:
+        """Wait until the worker and its forked child (if any) have exited."""
+        deadline = time.monotonic() + timeout
+        for h in (self._handle, self._child):
+            if h is not None and not h.wait_exit(deadline - time.monotonic()):
+                return False
+        return True
+
+    def _terminate(self) -> None:
+        """SIGKILL everything this worker started and reap it (Node.stop)."""
+        for h in (self._handle, self._child):
+            if h is not None:
+                h.signal(signal.SIGKILL)
+        if self._handle is None and self.popen.poll() is None:
+            self.popen.kill()
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for h in (self._handle, self._child):
+            if h is not None:
+                h.wait_exit(2.0)
+                h.close()
+        if self._ready_fd is not None:
+            os.close(self._ready_fd)
+            self._ready_fd = None
+
+
+class Node:
+    """A simulated GPU node (see docs/simulator.md).
+
+    ``Node(...).start()`` writes the description and device files and starts
+    the driver daemon in the caller's PID namespace; ``stop()`` ends every
+    process it started. Also a context manager.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        gpus: int = 8,
+        name: str = "NVIDIA H200",
+        total_mib: int = 143771,
+        reserved_mib: int = 615,
+        release_delay_ms: int = 100,
+        release_gap_ms: int = 90,
+        *,
+        driver_version: str = "580.159.04",
+        nvml_version: str = "13.580.159.04",
+        cuda_driver_version: int = 13000,
+        seed: str = "gpusim",
+    ) -> None:
+        if not 1 <= gpus <= 64:
+            raise ValueError("gpus must be between 1 and 64")
+        self._owns_dir = path is None
+        self.state_dir = Path(tempfile.mkdtemp(prefix="gpusim-") if path is None else path).resolve()
+        self.dev_dir = self.state_dir / "dev"
+        self.lib_dir = paths.LIB_DIR
+        self.bin_dir = paths.BIN_DIR
+        self.desc = Description.create(
+            gpus,
+            name,
+            total_mib,
+            reserved_mib,
+            seed=seed,
+            driver_version=driver_version,
+            nvml_version=nvml_version,
+            cuda_driver_version=cuda_driver_version,
+            release_delay_ms=release_delay_ms,
+            release_gap_ms=release_gap_ms,
+        )
+        self._daemon: subprocess.Popen[bytes] | None = None
+        self._daemon_handle: PidHandle | None = None
+        self._workers: list[Worker] = []
+        self._sandboxes: list[Sandbox] = []
+        self._started = False
+        self._stopped = False
+        self._seq = 0
+
+    # ------------------------------------------------------------ life cycle
+    @classmethod
+    def attach(cls, path: str | os.PathLike[str]) -> Node:
+        """A Node for an existing state directory (e.g. one the CLI started)."""
+        state = Path(path).resolve()
+        node = cls.__new__(cls)
+        node._owns_dir = False
+        node.state_dir = state
+        node.dev_dir = state / "dev"
+        node.lib_dir, node.bin_dir = paths.LIB_DIR, paths.BIN_DIR
+        node.desc = Description.read(state)
+        node._daemon = node._daemon_handle = None
+        node._workers, node._sandboxes = [], []
+        node._started, node._stopped, node._seq = True, False, 0
+        return node
+
+    def __enter__(self) -> Node:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, detach: bool = False) -> Node:
+        """Create the state and start the daemon. With detach=True (the CLI) the
+        daemon outlives this process and stop() is not registered at exit."""
+        if self._started:
+            return self
+        paths.ensure_built()
+        if daemon_running(self.state_dir):
+            raise RuntimeError(f"a gpusim driver already runs for {self.state_dir}")
+        for sub in ("dev", "driver", "ctx", "bin", "log"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        for old in (self.state_dir / "ctx").iterdir():
+            old.unlink()  # a fresh node has no contexts
+        self.desc.write(self.state_dir)
+        names = [f"nvidia{g.minor}" for g in self.desc.gpus] + ["nvidiactl", "nvidia-uvm"]
+        for dev in names:
+            self._make_device(dev)
+        self._start_daemon(detach)
+        self._started = True
+        if not detach:
+            atexit.register(self.stop)
+        return self
+
+    def _make_device(self, name: str) -> None:
+        """dev/<name> as a mappable regular file, and the daemon's hard link to
+        it in driver/ (same inode, hence the same locks, but another path)."""
+        dev = self.dev_dir / name
+        if not dev.exists():
+            with open(dev, "wb") as f:
+                f.truncate(DEV_FILE_BYTES)
+        os.chmod(dev, 0o666)  # crw-rw-rw- like the real nodes
+        link = self.state_dir / "driver" / name
+        if link.exists() and link.stat().st_ino != dev.stat().st_ino:
+            link.unlink()
+        if not link.exists():
+            os.link(dev, link)
+
+    def _start_daemon(self, detach: bool) -> None:
+        r, w = os.pipe()
+        code = (
+            f"import sys; sys.path.insert(0, {str(paths.SIM_ROOT)!r}); "
+            "from gpusim.driver import main; sys.exit(main())"
+        )
+        argv = [sys.executable, "-I", "-c", code, "--state", str(self.state_dir), "--ready-fd", str(w)]
+        if not detach:
+            argv.append("--watch-parent")
+        with open(self.state_dir / "log" / "driver.log", "ab") as log:
+            self._daemon = subprocess.Popen(
+                argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True, cwd="/",
+            )
+        os.close(w)
+        try:
+            ready, _, _ = select.select([r], [], [], READY_TIMEOUT)
+            line = os.read(r, 64) if ready else b""
+        finally:
+            os.close(r)
+        if line.strip() != b"ready":
+            self._daemon.kill()
+            self._daemon.wait()
+            log_text = (self.state_dir / "log" / "driver.log").read_text(errors="replace")
+            raise RuntimeError(f"gpusim driver daemon did not start:\n{log_text}")
+        self._daemon_handle = PidHandle(self._daemon.pid)
+
+    def stop(self) -> None:
+        """End everything this node started: sandboxes (and all inside them),
+        workers and their children, any other holder of its device files,
+        and the daemon; remove the state directory if the node created it.
+        Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            atexit.unregister(self.stop)
+        except Exception:  # pragma: no cover - interpreter shutting down
+            pass
+        for sb in list(self._sandboxes):
+            sb.stop()
+        for w in self._workers:
+            w._terminate()
+        self._kill_holders()
+        self._stop_daemon()
+        if self._owns_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _kill_holders(self) -> None:
+        """Whatever still holds this node's device files was started against
+        it (the state directory is private): workers spawned by the CLI,
+        grandchildren, NVML clients. Never ourselves or our ancestors."""
+        mine = ancestors(os.getpid())
+        prefix = str(self.dev_dir) + "/"
+        for _ in range(3):
+            pids = holders(prefix) - mine
+            if not pids:
+                return
+            handles = [PidHandle(p) for p in pids]
+            for h in handles:
+                h.signal(signal.SIGKILL)
+            for h in handles:
+                h.wait_exit(2.0)
+                h.close()
+
+    def _stop_daemon(self) -> None:
+        if self._daemon is not None and self._daemon_handle is not None:
+            self._daemon_handle.signal(signal.SIGTERM)
+            try:
+                self._daemon.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self._daemon_handle.signal(signal.SIGKILL)
+                self._daemon.wait(timeout=3)
+            self._daemon_handle.close()
+            return
+        # attached node: the daemon is not our child; find it by its pid file
+        try:
+            pid = int((self.state_dir / "driver.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return
+        if daemon_running(self.state_dir):
+            h = PidHandle(pid)
+            h.signal(signal.SIGTERM)
+            if not h.wait_exit(3.0):
+                h.signal(signal.SIGKILL)
+                h.wait_exit(3.0)
+            h.close()
+
+    # ------------------------------------------------------------ environment
+    def env(self, include_library: bool | None = None) -> dict[str, str]:
+        """Environment for NVML clients of this node: GPUSIM_STATE, and
+        LD_LIBRARY_PATH with the simulated libnvidia-ml first (or, with
+        include_library=False or the library_absent fault, without it: the
+        "library absent" environment). PATH gets the bin dir (nvidia-smi)."""
+        if include_library is None:
+            include_library = not self.description.faults.library_absent
+
+        def strip(var: str, drop: Path) -> list[str]:
+            return [p for p in os.environ.get(var, "").split(":") if p and Path(p).resolve() != drop]
+
+        libs = strip("LD_LIBRARY_PATH", self.lib_dir)
+        if include_library:
+            libs.insert(0, str(self.lib_dir))
+        return {
+            "GPUSIM_STATE": str(self.state_dir),
+            "LD_LIBRARY_PATH": ":".join(libs),
+            "PATH": ":".join([str(self.bin_dir)] + strip("PATH", self.bin_dir)),
+        }
+
+    # ------------------------------------------------------------ description & faults
+    @property
+    def description(self) -> Description:
+        """node.conf as it is on disk now."""
+        return Description.read(self.state_dir)
+
+    @property
+    def gpus(self) -> list[GpuSpec]:
+        return self.desc.gpus
+
+    def set_fault(self, **kw: Any) -> None:
+        """Switch faults on (at runtime: every NVML client sees them on its next call).
+
+        init_error="LIB_RM_VERSION_MISMATCH" | "DRIVER_NOT_LOADED" | any NVML error name or number;
+        lost=[i, ...]; timeout={"functions": [...], "gpus": [...], "delay_ms": n} (or a list of
+        function names); orphan={gpu: mib} and recovery_action={gpu: action} (merged; 0 / None
+        removes); legacy_pids=True; memory_v2_unsupported=True; process_api="v1"|"v2"|"v3";
+        memory_na=True; library_absent=True (node.env() drops the library). None resets a fault.
+        """
+        f = self.desc.faults
+        for key, value in kw.items():
+            if key == "init_error":
+                f.init_error = "" if value is None else _error_name(value)
+            elif key == "lost":
+                f.lost = [] if value is None else sorted({int(i) for i in _as_list(value)})
+            elif key == "timeout":
+                if not value:
+                    f.timeout_functions, f.timeout_gpus, f.timeout_delay_ms = [], [], 0
+                elif isinstance(value, dict):
+                    f.timeout_functions = list(_as_list(value.get("functions", ["*"])))
+                    f.timeout_gpus = [int(i) for i in _as_list(value.get("gpus", []))]
+                    f.timeout_delay_ms = int(value.get("delay_ms", 0))
+                else:
+                    f.timeout_functions, f.timeout_gpus = list(_as_list(value)), []
+            elif key in ("orphan", "recovery_action"):
+                target: dict[int, int] = getattr(f, key)
+                if value is None:
+                    target.clear()
+                    continue
+                for gpu, n in dict(value).items():
+                    if n is None or (key == "orphan" and not n):
+                        target.pop(int(gpu), None)
+                    else:
+                        target[int(gpu)] = int(n)
+            elif key == "process_api":
+                api = "v3" if value is None else f"v{str(value).lower().lstrip('v')}"
+                if api not in PROCESS_APIS:
+                    raise ValueError(f"process_api must be one of {PROCESS_APIS}")
+                f.process_api = api
+            elif key in ("legacy_pids", "memory_v2_unsupported", "memory_na", "library_absent"):
+                setattr(f, key, bool(value))
+            else:
+                raise TypeError(f"unknown fault {key!r}")
+        for gpu in list(f.lost) + list(f.orphan) + list(f.recovery_action) + list(f.timeout_gpus):
+            if not 0 <= gpu < len(self.desc.gpus):
+                raise ValueError(f"no GPU {gpu} on this node")
+        self.desc.write(self.state_dir)
+
+    def clear_faults(self) -> None:
+        self.desc.faults = Faults()
+        self.desc.write(self.state_dir)
+
+    def set_release_timing(self, delay_ms: int | None = None, gap_ms: int | None = None) -> None:
+        """Change the teardown delay / serialisation gap (applies to later deaths)."""
+        if delay_ms is not None:
+            self.desc.release_delay_ms = int(delay_ms)
+        if gap_ms is not None:
+            self.desc.release_gap_ms = int(gap_ms)
+        self.desc.write(self.state_dir)
+
+    # ------------------------------------------------------------ observation
+    def memory(self, i: int) -> dict[str, int]:
+        """GPU i's memory in MiB straight from the state (no NVML): used_mib (NVML
+        v2 "used"), reserved_mib, total_mib, free_mib, v1_used_mib, contexts_mib, orphan_mib."""
+        return memory(self.state_dir, self.description, i)
+
+    def contexts(self) -> list[dict[str, Any]]:
+        """Contexts that hold memory now (state "live", or "releasing" until release_ns)."""
+        return [c.as_dict() for c in counted_contexts(self.state_dir)]
+
+    def wait_clean(self, timeout: float = 10.0, poll: float = 0.002) -> float:
+        """Wait until no GPU holds a context (orphaned memory is ignored: no wait
+        ends it); returns the seconds waited. TimeoutError if it does not happen."""
+        t0 = time.monotonic()
+        while counted_contexts(self.state_dir):
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"GPUs still hold contexts after {timeout}s: {self.contexts()}")
+            time.sleep(poll)
+        return time.monotonic() - t0
+
+    # ------------------------------------------------------------ processes
+    def spawn_worker(
+        self,
+        gpus: list[int] | int | None = None,
+        mib: int = 20000,
+        title: str | None = None,
+        ignore_term: bool = False,
+        term_delay_ms: int | None = None,
+        stop: bool = False,
+        fork_child: bool = False,
+        hold_only: bool = False,
+        nvml: bool = False,
+        sandbox: Sandbox | None = None,
+        wait_ready: bool = True,
+        *,
+        child_title: str | None = None,
+        exit_after_ms: int | None = None,
+        executable: str | os.PathLike[str] | None = None,
+        argv0: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Worker:
+        """Start a gpusim-worker. gpus None means [0] for a compute worker and
+        every GPU for a hold_only / nvml management client. Each worker gets its
+        own session (process group), as a job started by a scheduler does."""
+        if not self._started or self._stopped:
+            raise RuntimeError("node is not running")
+        gpu_list = [gpus] if isinstance(gpus, int) else list(gpus or [])
+        if not gpu_list and not (hold_only or nvml):
+            gpu_list = [0]
+        argv = [argv0 or str(paths.WORKER), "--state", str(self.state_dir), "--mib", str(mib)]
+        for g in gpu_list:
+            argv += ["--gpu", str(g)]
+        for flag, on in (("--ignore-term", ignore_term), ("--stop", stop), ("--fork-child", fork_child),
+                         ("--hold-only", hold_only), ("--nvml", nvml)):
+            if on:
+                argv.append(flag)
+        for opt, val in (("--title", title), ("--child-title", child_title), ("--term-delay-ms", term_delay_ms),
+                         ("--exit-after-ms", exit_after_ms)):
+            if val is not None:
+                argv += [opt, str(val)]
+        r, w = os.pipe()
+        argv += ["--ready-fd", str(w)]
+        self._seq += 1
+        log_path = self.state_dir / "log" / f"worker-{self._seq}.log"
+        exe = str(executable or paths.WORKER)
+        try:
+            with open(log_path, "wb") as log:
+                common: dict[str, Any] = dict(pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True)
+                if sandbox is not None:
+                    popen = sandbox.popen([exe, *argv[1:]], env=env, **common)  # --title names it
+                else:
+                    popen = subprocess.Popen(argv, executable=exe, env={**os.environ, **self.env(), **(env or {})},
+                                             **common)
+        finally:
+            os.close(w)
+        worker = Worker(self, popen, r, log_path, sandbox)
+        self._workers.append(worker)
+        if wait_ready:
+            worker.wait_ready()
+        return worker
+
+    def spawn_daemon(self, name: str, sandbox: Sandbox | None = None, nvml: bool = False) -> Worker:
+        """A protected daemon look-alike (nvidia-persistenced, nv-hostengine,
+        dcgm-exporter): an executable copy of gpusim-worker named `name`, so exe
+        basename, argv0 and comm all read `name`; it holds every device file
+        (fds, no mmaps), or with nvml=True is an NVML client."""
+        exe = self.state_dir / "bin" / name
+        if not exe.exists():
+            shutil.copy2(paths.WORKER, exe)
+            exe.chmod(0o755)
+        return self.spawn_worker(hold_only=not nvml, nvml=nvml, title=name, sandbox=sandbox,
+                                 executable=exe, argv0=name)
+
+    def sandbox(self, name: str | None = None, vmid: int | None = None, cgroup: bool = True) -> Sandbox:
+        """A private PID namespace (+ mount namespace with its own /proc): the
+        stand-in for an LXC container or a test sandbox. See gpusim.Sandbox."""
+        from .sandbox import Sandbox
+
+        sb = Sandbox(self, name=name, vmid=vmid, cgroup=cgroup)
+        self._sandboxes.append(sb)
+        sb.start()
+        return sb
+
+    def _forget_sandbox(self, sb: Sandbox) -> None:
+        if sb in self._sandboxes:
+            self._sandboxes.remove(sb)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    if isinstance(value, str):
+        return [v for v in value.split(",") if v]
+    return [value]
+
+
+def _error_name(value: Any) -> str:
+    """Normalise an NVML error given as a number or (short or full) name."""
+    if isinstance(value, int):
+        return str(value)
+    name = str(value).strip().upper()
+    return name if name.startswith("NVML_") or name.isdigit() else f"NVML_ERROR_{name}"
+
+
+__all__ = ["Node", "Worker", "WorkerError"]

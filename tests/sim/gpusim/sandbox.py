@@ -1,0 +1,250 @@
+"""Sandboxes: private PID namespaces standing in for LXC containers.
+
+A sandbox is ``unshare --pid --fork --mount-proc`` running a small reaping
+init (pid 1 inside, with its own /proc). Commands enter it with
+``nsenter -t <init> -p -m``. With a vmid it also looks like a Proxmox
+container from the host: its processes live in the cgroup ``lxc/<vmid>``
+(``/proc/PID/cgroup`` reads ``0::/lxc/<vmid>``), their environment has
+``container=lxc``, and :meth:`Sandbox.register_pct` publishes it to the fake
+``pct`` registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .procfs import PidHandle, children, pidns_inode
+
+if TYPE_CHECKING:
+    from .node import Node, Worker
+
+INIT_SCRIPT = Path(__file__).resolve().parent / "_sbinit.py"
+#: Moves the shell into the sandbox's cgroup ("0" = the writer), then execs the command.
+CGROUP_JOIN = 'echo 0 > "$0" 2>/dev/null; exec "$@"'
+
+
+def cgroup2_base() -> Path | None:
+    """Where a cgroup v2 hierarchy is mounted: /sys/fs/cgroup/unified (hybrid
+    layout, as on this machine) or /sys/fs/cgroup (pure v2)."""
+    mounts = {}
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3:
+                    mounts[parts[1]] = parts[2]
+    except OSError:
+        return None
+    for base in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        if mounts.get(base) == "cgroup2":
+            return Path(base)
+    return None
+
+
+class Sandbox:
+    """A private PID namespace on a :class:`Node` (see module docstring)."""
+
+    _count = 0
+
+    def __init__(self, node: Node, name: str | None = None, vmid: int | None = None, cgroup: bool = True) -> None:
+        Sandbox._count += 1
+        self.node = node
+        self.vmid = vmid
+        self.name = name or (f"ct{vmid}" if vmid is not None else f"sandbox{Sandbox._count}")
+        self.want_cgroup = cgroup
+        self.init_pid = 0  #: host-side (caller's namespace) pid of the sandbox's init
+        self.ns_inode = 0  #: inode of the sandbox's PID namespace
+        self.cgroup_path: Path | None = None  #: its cgroup directory, if one was joined
+        self._unshare: subprocess.Popen[bytes] | None = None
+        self._init: PidHandle | None = None
+        self._pct: tuple[Path, str] | None = None
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.name} init={self.init_pid} vmid={self.vmid}>"
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ life cycle
+    def start(self) -> Sandbox:
+        r, w = os.pipe()
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+        if self.vmid is not None:
+            env["container"] = "lxc"  # what an LXC guest's /proc/1/environ says
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                sys.executable, "-I", "-S", str(INIT_SCRIPT), str(w)]
+        log = self.node.state_dir / "log" / f"sandbox-{self.name}.log"
+        try:
+            with open(log, "ab") as logf:
+                self._unshare = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf,
+                                                 stderr=logf, env=env, start_new_session=True)
+        finally:
+            os.close(w)
+        try:
+            ready, _, _ = select.select([r], [], [], 10)
+            line = os.read(r, 64) if ready else b""
+        finally:
+            os.close(r)
+        kids = children(self._unshare.pid)
+        if line.strip() != b"ready" or len(kids) != 1:
+            self._unshare.kill()
+            self._unshare.wait()
+            raise RuntimeError(f"sandbox {self.name} did not start: {log.read_text(errors='replace')}")
+        self.init_pid = kids[0]
+        self._init = PidHandle(self.init_pid)
+        self.ns_inode = pidns_inode(self.init_pid)
+        if self.vmid is not None and self.want_cgroup:
+            self._join_cgroup()
+        return self
+
+    def _join_cgroup(self) -> None:
+        """Put the init into lxc/<vmid> (children inherit it); silently skipped
+        where no cgroup v2 hierarchy is writable."""
+        base = cgroup2_base()
+        if base is None:
+            return
+        path = base / "lxc" / str(self.vmid)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "cgroup.procs").write_text(f"{self.init_pid}\n")
+        except OSError:
+            return
+        self.cgroup_path = path
+
+    def stop(self) -> None:
+        """SIGKILL the init: the kernel then ends every process in the namespace."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._init is not None:
+            self._init.signal(signal.SIGKILL)
+        if self._unshare is not None:
+            try:
+                self._unshare.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._unshare.kill()
+                self._unshare.wait()
+        if self._init is not None:
+            self._init.wait_exit(5)
+            self._init.close()
+        for w in self._workers():
+            try:
+                w.popen.wait(timeout=5)  # the nsenter that started it
+            except subprocess.TimeoutExpired:
+                w.popen.kill()
+        self._remove_cgroup()
+        if self._pct is not None:
+            self._write_pct(*self._pct, status="stopped")
+        self.node._forget_sandbox(self)
+
+    def _workers(self) -> list[Worker]:
+        return [w for w in self.node._workers if w.sandbox is self]
+
+    def _remove_cgroup(self) -> None:
+        if self.cgroup_path is None:
+            return
+        deadline = time.monotonic() + 2
+        while True:
+            try:
+                self.cgroup_path.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.01)
+        try:
+            self.cgroup_path.parent.rmdir()  # lxc/, if no other container uses it
+        except OSError:
+            pass
+
+    def alive(self) -> bool:
+        return self._init is not None and self._init.alive()
+
+    # ------------------------------------------------------------ running things inside
+    def nsenter_prefix(self, join_cgroup: bool = False, wd: str | None = None) -> list[str]:
+        """``["nsenter", "-t", <init>, "-p", "-m", "--"]``: prefix a command to run
+        it inside. join_cgroup=True also moves it into the sandbox's cgroup; wd
+        sets its working directory (entering the mount namespace resets it to /)."""
+        prefix = ["nsenter", "-t", str(self.init_pid), "-p", "-m"]
+        if wd:
+            prefix.append(f"--wd={wd}")
+        prefix.append("--")
+        if join_cgroup and self.cgroup_path is not None:
+            prefix += ["/bin/sh", "-c", CGROUP_JOIN, str(self.cgroup_path / "cgroup.procs")]
+        return prefix
+
+    def _command(self, argv: list[Any], env: dict[str, str | None] | None, include_library: bool | None,
+                 cwd: str | os.PathLike[str] | None) -> tuple[list[str], dict[str, str]]:
+        if self._stopped:
+            raise RuntimeError(f"sandbox {self.name} is stopped")
+        full = {**os.environ, **self.node.env(include_library)}
+        if self.vmid is not None:
+            full["container"] = "lxc"
+        for k, v in (env or {}).items():
+            if v is None:
+                full.pop(k, None)
+            else:
+                full[k] = v
+        cmd = self.nsenter_prefix(join_cgroup=True, wd=str(cwd or os.getcwd())) + [str(a) for a in argv]
+        return cmd, full
+
+    def popen(self, argv: list[Any], env: dict[str, str | None] | None = None, include_library: bool | None = None,
+              cwd: str | os.PathLike[str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start a command inside (environment: ours + node.env() + env; a None
+        value removes a variable). Popen.pid is nsenter's, in our namespace."""
+        cmd, full = self._command(argv, env, include_library, cwd)
+        return subprocess.Popen(cmd, env=full, **kwargs)
+
+    def run(self, argv: list[Any], env: dict[str, str | None] | None = None, include_library: bool | None = None,
+            cwd: str | os.PathLike[str] | None = None, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+        """subprocess.run() inside the sandbox (same environment rules as popen)."""
+        cmd, full = self._command(argv, env, include_library, cwd)
+        return subprocess.run(cmd, env=full, **kwargs)
+
+    def spawn_worker(self, **kwargs: Any) -> Worker:
+        """node.spawn_worker(..., sandbox=self)."""
+        return self.node.spawn_worker(sandbox=self, **kwargs)
+
+    def spawn_daemon(self, name: str, nvml: bool = False) -> Worker:
+        return self.node.spawn_daemon(name, sandbox=self, nvml=nvml)
+
+    # ------------------------------------------------------------ fake pct
+    def register_pct(self, registry_dir: str | os.PathLike[str], node_name: str = "pve1",
+                     status: str = "running") -> Path:
+        """Write ``<registry_dir>/<vmid>.json`` for the fake ``pct`` (env PCTSIM_DIR):
+        {"vmid", "status", "pid" (host pid of the init, null when stopped), "node", "hostname"}.
+        Sandbox.stop() rewrites it as stopped."""
+        if self.vmid is None:
+            raise ValueError("register_pct needs a sandbox created with a vmid")
+        reg = Path(registry_dir)
+        self._pct = (reg, node_name)
+        return self._write_pct(reg, node_name, status)
+
+    def _write_pct(self, reg: Path, node_name: str, status: str) -> Path:
+        reg.mkdir(parents=True, exist_ok=True)
+        data = {
+            "vmid": self.vmid,
+            "status": status,
+            "pid": self.init_pid if status == "running" and not self._stopped else None,
+            "node": node_name,
+            "hostname": self.name,
+        }
+        path = reg / f"{self.vmid}.json"
+        tmp = reg / f".{self.vmid}.json.tmp"
+        tmp.write_text(json.dumps(data) + "\n")
+        os.replace(tmp, path)
+        return path

@@ -1,0 +1,117 @@
+/*
+ * Internal interface of the simulated libnvidia-ml.so.1 (gpusim).
+ *
+ * The library is a thin, stateless-ish view over a "node" kept on disk by the
+ * Python side (gpusim) and its driver daemon:
+ *
+ *   $GPUSIM_STATE/node.conf     description + faults, flat key=value
+ *   $GPUSIM_STATE/dev/nvidia*   the "device files" (regular files)
+ *   $GPUSIM_STATE/ctx/<id>.ctx  one record per GPU context (written by the daemon)
+ *   $GPUSIM_STATE/driver.lock   OFD-locked by the daemon while it runs
+ *
+ * Every query recomputes its answer from those files, so that the library and
+ * the daemon never need to talk to each other.
+ */
+#ifndef GPUSIM_SIM_H
+#define GPUSIM_SIM_H
+
+#include <limits.h>
+#include <pthread.h>
+
+/* Both the unversioned (v1) and the versioned entry points are defined with
+ * the header's own prototypes, which needs the header's compatibility mode. */
+#ifndef NVML_NO_UNVERSIONED_FUNC_DEFS
+#error "compile with -DNVML_NO_UNVERSIONED_FUNC_DEFS"
+#endif
+#include <nvml.h>
+
+#define SIM_MAX_GPUS 64
+#define SIM_MAX_LEVELS 32 /* kernel limit for PID namespace nesting is 32 */
+#define SIM_MAX_CTX 1024
+
+/* One simulated GPU, as described in node.conf. */
+typedef struct sim_gpu {
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    char bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE]; /* "00000000:18:00.0" */
+    unsigned domain, bus, dev;
+    unsigned minor;
+    unsigned pci_device_id, pci_subsystem_id;
+    unsigned long long total_mib, reserved_mib, orphan_mib;
+    unsigned mig_mode;
+    unsigned recovery_action;
+    int lost;
+    int timeout; /* this GPU is selected by the timeout fault */
+} sim_gpu_t;
+
+/* The whole node description (node.conf). */
+typedef struct sim_config {
+    char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    char nvml_version[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
+    int cuda_driver_version;
+    unsigned gpu_count;
+    sim_gpu_t gpus[SIM_MAX_GPUS];
+    /* faults */
+    nvmlReturn_t init_error;
+    int legacy_pids;
+    int memory_v2_unsupported;
+    int memory_na;
+    int process_api; /* newest process entry point that exists: 1, 2 or 3 */
+    char timeout_functions[2048]; /* ",name,name," (leading/trailing comma for matching) */
+    int timeout_delay_ms;
+} sim_config_t;
+
+/* nvml.h only forward-declares this; a handle points into sim_devices[]. */
+struct nvmlDevice_st {
+    unsigned index;
+    int fd; /* dev/nvidia<minor>, opened when the handle is first handed out */
+};
+
+/* One context record (ctx/<id>.ctx) that still counts. */
+typedef struct sim_ctx {
+    unsigned id;
+    unsigned gpu;
+    unsigned long long mib;
+    int nlevels;
+    unsigned long long level_ns[SIM_MAX_LEVELS]; /* pid-namespace inode, outermost first */
+    unsigned level_pid[SIM_MAX_LEVELS];
+} sim_ctx_t;
+
+/* ---- global library state (core.c), protected by sim_mutex ---- */
+extern pthread_mutex_t sim_mutex;
+extern unsigned sim_refcount;
+extern sim_config_t sim_cfg;
+extern char sim_state[PATH_MAX];
+extern struct nvmlDevice_st sim_devices[SIM_MAX_GPUS];
+extern unsigned long long sim_caller_pidns; /* inode of the caller's PID namespace */
+
+/* ---- config.c ---- */
+int sim_config_load(const char *state_dir, sim_config_t *cfg);
+void sim_config_refresh(void);
+void sim_config_forget(void);
+nvmlReturn_t sim_error_from_name(const char *name);
+
+/* ---- errors (core.c) ---- */
+const char *sim_error_string(nvmlReturn_t rc);
+
+/* ---- state.c ---- */
+int sim_ctx_scan(unsigned gpu, sim_ctx_t *out, int max);
+unsigned long long sim_ctx_used_mib(unsigned gpu);
+int sim_ctx_visible_pid(const sim_ctx_t *ctx, unsigned *pid);
+long long sim_now_ns(void);
+
+/* ---- entry/exit helpers (core.c) ----
+ * Every implemented entry point starts with sim_enter() or sim_enter_dev(),
+ * which take sim_mutex, check initialisation, pick up a changed node.conf and
+ * apply the per-function faults. On a non-SUCCESS result the mutex is already
+ * released; on SUCCESS the caller must finish with sim_leave(rc). */
+nvmlReturn_t sim_enter(const char *fn);
+nvmlReturn_t sim_enter_dev(const char *fn, nvmlDevice_t device, const sim_gpu_t **gpu);
+nvmlReturn_t sim_leave(nvmlReturn_t rc);
+int sim_device_open(unsigned index);
+nvmlReturn_t sim_copy_string(char *dst, unsigned length, const char *src);
+
+/* Result of every generated (unimplemented) entry point. */
+nvmlReturn_t sim_stub_result(void);
+
+#endif

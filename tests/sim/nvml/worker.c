@@ -1,0 +1,343 @@
+/*
+ * gpusim-worker: a process that looks, to NVML, psutil and /proc, like a CUDA
+ * job (or like a management client) on the simulated node.
+ *
+ *   --state DIR         node state directory (default $GPUSIM_STATE)
+ *   --gpu I             GPU index, repeatable: one context per GPU (default 0)
+ *   --mib N             MiB held per GPU (default 520, a bare CUDA context)
+ *   --title STR         rewrite argv so /proc/PID/cmdline reads exactly STR
+ *                       (setproctitle), comm = first 15 chars
+ *   --child-title STR   title of the --fork-child child (default: unchanged)
+ *   --ignore-term       SIGTERM is ignored
+ *   --term-delay-ms N   on SIGTERM, exit after N ms (graceful shutdown)
+ *   --stop              SIGSTOP itself once ready (sits in state T)
+ *   --fork-child        after creating the contexts, fork a child that keeps
+ *                       them and sleeps; the parent exits (DataLoader case)
+ *   --hold-only         open device files only: no contexts, no mmaps
+ *   --nvml              nvmlInit() through libnvidia-ml.so.1 and get device
+ *                       handles, then stay (NVML management client)
+ *   --ready-fd FD       write "ready <pid>[ child <pid>]\n" there, then close
+ *   --exit-after-ms N   exit by itself after N ms
+ *
+ * Exit status: 0 normal end, 2 usage, 3 the driver refused (OOM, lost GPU,
+ * daemon not running) or the NVML client failed.
+ */
+#define _GNU_SOURCE
+#include "worker.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nvml.h>
+
+#define MAX_GPUS 64
+
+struct options {
+    const char *state;
+    unsigned gpus[MAX_GPUS];
+    int ngpus;
+    unsigned long long mib;
+    char *title;
+    char *child_title;
+    int ignore_term;
+    long term_delay_ms;
+    int stop;
+    int fork_child;
+    int hold_only;
+    int nvml;
+    int ready_fd;
+    long exit_after_ms;
+};
+
+static volatile sig_atomic_t got_term;
+
+static void on_term(int sig)
+{
+    (void)sig;
+    got_term = 1;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: gpusim-worker [--state DIR] [--gpu I]... [--mib N] [--title STR] [--child-title STR]\n"
+                    "                     [--ignore-term] [--term-delay-ms N] [--stop] [--fork-child]\n"
+                    "                     [--hold-only] [--nvml] [--ready-fd FD] [--exit-after-ms N]\n");
+    exit(WK_EXIT_USAGE);
+}
+
+static long num_arg(const char *opt, const char *val)
+{
+    char *end;
+    long v;
+    if (!val)
+        usage();
+    v = strtol(val, &end, 10);
+    if (*end || v < 0) {
+        fprintf(stderr, "gpusim-worker: %s needs a non-negative integer, not '%s'\n", opt, val);
+        exit(WK_EXIT_USAGE);
+    }
+    return v;
+}
+
+static void parse(int argc, char **argv, struct options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->state = getenv("GPUSIM_STATE");
+    o->mib = 520;
+    o->term_delay_ms = -1;
+    o->ready_fd = -1;
+    o->exit_after_ms = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--state") == 0 && v)
+            o->state = argv[++i];
+        else if (strcmp(a, "--gpu") == 0) {
+            long g = num_arg(a, v);
+            i++;
+            if (o->ngpus < MAX_GPUS)
+                o->gpus[o->ngpus++] = (unsigned)g;
+        } else if (strcmp(a, "--mib") == 0)
+            o->mib = (unsigned long long)num_arg(a, v), i++;
+        else if (strcmp(a, "--title") == 0 && v)
+            o->title = strdup(argv[++i]);
+        else if (strcmp(a, "--child-title") == 0 && v)
+            o->child_title = strdup(argv[++i]);
+        else if (strcmp(a, "--ignore-term") == 0)
+            o->ignore_term = 1;
+        else if (strcmp(a, "--term-delay-ms") == 0)
+            o->term_delay_ms = num_arg(a, v), i++;
+        else if (strcmp(a, "--stop") == 0)
+            o->stop = 1;
+        else if (strcmp(a, "--fork-child") == 0)
+            o->fork_child = 1;
+        else if (strcmp(a, "--hold-only") == 0)
+            o->hold_only = 1;
+        else if (strcmp(a, "--nvml") == 0)
+            o->nvml = 1;
+        else if (strcmp(a, "--ready-fd") == 0)
+            o->ready_fd = (int)num_arg(a, v), i++;
+        else if (strcmp(a, "--exit-after-ms") == 0)
+            o->exit_after_ms = num_arg(a, v), i++;
+        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
+            usage();
+        else {
+            fprintf(stderr, "gpusim-worker: unknown or incomplete option '%s'\n", a);
+            usage();
+        }
+    }
+    if (!o->state || !o->state[0]) {
+        fprintf(stderr, "gpusim-worker: no state directory (--state or GPUSIM_STATE)\n");
+        exit(WK_EXIT_USAGE);
+    }
+    o->state = strdup(o->state); /* the argv area is rewritten by --title */
+}
+
+static void fail(const char *fmt, const char *detail)
+{
+    fprintf(stderr, "gpusim-worker: ");
+    fprintf(stderr, fmt, detail);
+    fputc('\n', stderr);
+    exit(WK_EXIT_DRIVER);
+}
+
+/* Management client without NVML: hold the device files, map nothing. With no
+ * --gpu, every dev/nvidia<N> (like nvidia-persistenced). */
+static void hold_devices(const struct options *o)
+{
+    char name[32];
+    if (wk_open_device(o->state, "nvidiactl", 0) < 0)
+        fail("cannot open %s/dev/nvidiactl", o->state);
+    wk_open_device(o->state, "nvidia-uvm", 0);
+    if (o->ngpus) {
+        for (int i = 0; i < o->ngpus; i++) {
+            int minor = wk_gpu_minor(o->state, o->gpus[i]);
+            snprintf(name, sizeof name, "nvidia%d", minor < 0 ? (int)o->gpus[i] : minor);
+            if (wk_open_device(o->state, name, 0) < 0)
+                fail("cannot open device %s", name);
+        }
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/dev", o->state);
+    DIR *d = opendir(path);
+    struct dirent *de;
+    if (!d)
+        fail("cannot open %s", path);
+    while ((de = readdir(d)) != NULL) {
+        unsigned minor;
+        char tail;
+        if (sscanf(de->d_name, "nvidia%u%c", &minor, &tail) == 1)
+            wk_open_device(o->state, de->d_name, 0);
+    }
+    closedir(d);
+}
+
+/* NVML management client: the library itself opens what it opens. */
+static void nvml_client(const struct options *o)
+{
+    __typeof__(&nvmlInit_v2) init;
+    __typeof__(&nvmlDeviceGetCount_v2) count;
+    __typeof__(&nvmlDeviceGetHandleByIndex_v2) handle;
+    __typeof__(&nvmlErrorString) errstr;
+    nvmlDevice_t dev;
+    nvmlReturn_t rc;
+    unsigned n = 0;
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+
+    if (!lib)
+        fail("cannot load libnvidia-ml.so.1: %s", dlerror());
+    *(void **)&init = dlsym(lib, "nvmlInit_v2");
+    *(void **)&count = dlsym(lib, "nvmlDeviceGetCount_v2");
+    *(void **)&handle = dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    *(void **)&errstr = dlsym(lib, "nvmlErrorString");
+    if (!init || !count || !handle || !errstr)
+        fail("%s", "libnvidia-ml.so.1 lacks nvmlInit_v2/nvmlDeviceGetCount_v2/nvmlDeviceGetHandleByIndex_v2");
+    if ((rc = init()) != NVML_SUCCESS)
+        fail("nvmlInit: %s", errstr(rc));
+    if (o->ngpus) {
+        for (int i = 0; i < o->ngpus; i++)
+            if ((rc = handle(o->gpus[i], &dev)) != NVML_SUCCESS)
+                fail("nvmlDeviceGetHandleByIndex: %s", errstr(rc));
+    } else if (count(&n) == NVML_SUCCESS) {
+        for (unsigned i = 0; i < n; i++)
+            handle(i, &dev); /* a lost GPU just stays unattached */
+    }
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Sleep until SIGTERM (if handled), the exit deadline or forever. */
+static void idle(const struct options *o)
+{
+    sigset_t unblocked;
+    long long deadline = o->exit_after_ms >= 0 ? now_ms() + o->exit_after_ms : -1;
+
+    sigprocmask(SIG_SETMASK, NULL, &unblocked);
+    sigdelset(&unblocked, SIGTERM);
+    for (;;) {
+        struct timespec ts, *tsp = NULL;
+        if (got_term) {
+            sleep_ms(o->term_delay_ms);
+            exit(0);
+        }
+        if (deadline >= 0) {
+            long long left = deadline - now_ms();
+            if (left <= 0)
+                exit(0);
+            ts.tv_sec = left / 1000;
+            ts.tv_nsec = (left % 1000) * 1000000L;
+            tsp = &ts;
+        }
+        /* ppoll atomically unblocks SIGTERM while waiting: no lost wake-up. */
+        ppoll(NULL, 0, tsp, &unblocked);
+    }
+}
+
+static void report_ready(struct options *o, pid_t child)
+{
+    char line[64];
+    int n;
+    if (o->ready_fd < 0)
+        return;
+    if (child > 0)
+        n = snprintf(line, sizeof line, "ready %d child %d\n", (int)getpid(), (int)child);
+    else
+        n = snprintf(line, sizeof line, "ready %d\n", (int)getpid());
+    if (write(o->ready_fd, line, (size_t)n) < 0)
+        perror("gpusim-worker: ready-fd");
+    close(o->ready_fd);
+    o->ready_fd = -1;
+}
+
+int main(int argc, char **argv)
+{
+    struct options o;
+    char err[512];
+    pid_t child = 0;
+
+    parse(argc, argv, &o);
+    wk_proctitle_init(argc, argv);
+    if (o.title)
+        wk_set_proctitle(o.title);
+
+    if (o.ignore_term)
+        signal(SIGTERM, SIG_IGN);
+    else if (o.term_delay_ms >= 0) {
+        sigset_t block;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_term;
+        sigaction(SIGTERM, &sa, NULL);
+        sigemptyset(&block);
+        sigaddset(&block, SIGTERM);
+        sigprocmask(SIG_BLOCK, &block, NULL); /* delivered only inside ppoll */
+    }
+
+    if (o.hold_only || o.nvml) {
+        if (o.hold_only)
+            hold_devices(&o);
+        if (o.nvml)
+            nvml_client(&o);
+    } else {
+        if (!o.ngpus)
+            o.gpus[o.ngpus++] = 0;
+        for (int i = 0; i < o.ngpus; i++) {
+            int dup = 0;
+            for (int j = 0; j < i; j++)
+                dup |= o.gpus[j] == o.gpus[i];
+            if (!dup && wk_create_context(o.state, o.gpus[i], o.mib, err, sizeof err) < 0) {
+                fprintf(stderr, "gpusim-worker: GPU %u: %s\n", o.gpus[i], err);
+                return WK_EXIT_DRIVER;
+            }
+        }
+    }
+
+    if (o.fork_child) {
+        fflush(NULL);
+        child = fork();
+        if (child < 0) {
+            perror("gpusim-worker: fork");
+            return 1;
+        }
+        if (child == 0) {
+            /* The child inherits the open device files, hence the contexts. */
+            if (o.ready_fd >= 0)
+                close(o.ready_fd);
+            o.ready_fd = -1;
+            if (o.child_title)
+                wk_set_proctitle(o.child_title);
+            if (o.stop)
+                raise(SIGSTOP);
+            idle(&o);
+        }
+        report_ready(&o, child);
+        printf("%d\n", (int)child);
+        return 0;
+    }
+
+    report_ready(&o, 0);
+    if (o.stop)
+        raise(SIGSTOP);
+    idle(&o);
+    return 0;
+}

@@ -1,0 +1,220 @@
+/*
+ * The worker's side of the simulated driver: device files and contexts.
+ *
+ * A CUDA process opens /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia<N>
+ * and maps them; the GPU memory it allocates belongs to the open file, so it
+ * lives as long as any process holds that open file description (a forked
+ * child keeps it after its parent dies). We reproduce exactly that with an
+ * OFD lock: the context is a read lock on byte <id> of dev/nvidia<minor>,
+ * taken through the worker's own open file. OFD locks are owned by the open
+ * file description, survive fork and vanish when its last fd is closed, which
+ * is what the daemon waits for.
+ *
+ * Registration, over the daemon's unix socket:
+ *   -> "register <gpu> <mib>"      <- "lock <id> <minor>" | "error <CODE> <text>"
+ *   (take the OFD lock on byte <id>)
+ *   -> "locked"                     <- "ok <id>"            | "error <CODE> <text>"
+ * The daemon learns our pid from SO_PEERCRED, so nothing is claimed by us.
+ */
+#define _GNU_SOURCE
+#include "worker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define MAP_BYTES 4096
+
+/* Read node.conf and return the integer value of `key`, or -1. */
+static long conf_long(const char *state, const char *key)
+{
+    char path[PATH_MAX], line[512];
+    size_t klen = strlen(key);
+    long value = -1;
+    FILE *f;
+    snprintf(path, sizeof path, "%s/node.conf", state);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, klen) == 0 && line[klen] == '=') {
+            value = strtol(line + klen + 1, NULL, 0);
+            break;
+        }
+    }
+    fclose(f);
+    return value;
+}
+
+int wk_gpu_minor(const char *state, unsigned gpu)
+{
+    char key[64];
+    snprintf(key, sizeof key, "gpu.%u.minor", gpu);
+    return (int)conf_long(state, key);
+}
+
+int wk_gpu_count(const char *state)
+{
+    return (int)conf_long(state, "gpu_count");
+}
+
+/* Open $state/dev/<name> (once per name) and, for a CUDA-like process, map it:
+ * management clients hold fds only, compute processes also have mappings. */
+int wk_open_device(const char *state, const char *name, int map)
+{
+    static struct {
+        char name[32];
+        int fd;
+        int mapped;
+    } open_devs[80];
+    static int n_open;
+    char path[PATH_MAX];
+    int i, fd;
+
+    for (i = 0; i < n_open && strcmp(open_devs[i].name, name) != 0; i++)
+        ;
+    if (i == n_open) {
+        if (n_open == (int)(sizeof open_devs / sizeof open_devs[0]))
+            return -1;
+        snprintf(path, sizeof path, "%s/dev/%s", state, name);
+        fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            return -1;
+        snprintf(open_devs[i].name, sizeof open_devs[i].name, "%s", name);
+        open_devs[i].fd = fd;
+        open_devs[i].mapped = 0;
+        n_open++;
+    }
+    if (map && !open_devs[i].mapped) {
+        if (mmap(NULL, MAP_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, open_devs[i].fd, 0) == MAP_FAILED)
+            return -1;
+        open_devs[i].mapped = 1;
+    }
+    return open_devs[i].fd;
+}
+
+static int send_line(int sock, const char *line)
+{
+    size_t len = strlen(line), off = 0;
+    while (off < len) {
+        ssize_t n = send(sock, line + off, len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        off += (size_t)n;
+    }
+    return 0;
+}
+
+/* Read one '\n'-terminated line (without the newline). */
+static int recv_line(int sock, char *buf, size_t size)
+{
+    size_t len = 0;
+    while (len + 1 < size) {
+        ssize_t n = recv(sock, buf + len, 1, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        if (buf[len] == '\n')
+            break;
+        len++;
+    }
+    buf[len] = '\0';
+    return 0;
+}
+
+static int driver_connect(const char *state, char *err, size_t errlen)
+{
+    struct sockaddr_un sa;
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/driver.sock", state) >= (int)sizeof sa.sun_path) {
+        snprintf(err, errlen, "state path too long for a unix socket: %s", state);
+        close(sock);
+        return -1;
+    }
+    if (sock < 0 || connect(sock, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        snprintf(err, errlen, "driver daemon not running (%s: %s)", sa.sun_path, strerror(errno));
+        if (sock >= 0)
+            close(sock);
+        return -1;
+    }
+    return sock;
+}
+
+/* "error OOM text" -> "text" into err. */
+static void driver_error(const char *reply, char *err, size_t errlen)
+{
+    const char *text = reply;
+    if (strncmp(reply, "error ", 6) == 0) {
+        text = strchr(reply + 6, ' ');
+        text = text ? text + 1 : reply + 6;
+    }
+    snprintf(err, errlen, "%s", text[0] ? text : "driver daemon closed the connection");
+}
+
+/* Create one context of `mib` MiB on GPU index `gpu`. Returns the context id,
+ * or -1 with a message in err. */
+int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, char *err, size_t errlen)
+{
+    char line[512];
+    unsigned id, minor;
+    char devname[32];
+    struct flock fl;
+    int sock, fd;
+
+    if (wk_open_device(state, "nvidiactl", 1) < 0 || wk_open_device(state, "nvidia-uvm", 1) < 0) {
+        snprintf(err, errlen, "cannot open %s/dev/nvidiactl or nvidia-uvm: %s", state, strerror(errno));
+        return -1;
+    }
+    sock = driver_connect(state, err, errlen);
+    if (sock < 0)
+        return -1;
+    snprintf(line, sizeof line, "register %u %llu\n", gpu, mib);
+    if (send_line(sock, line) < 0 || recv_line(sock, line, sizeof line) < 0) {
+        snprintf(err, errlen, "driver daemon closed the connection");
+        goto fail;
+    }
+    if (sscanf(line, "lock %u %u", &id, &minor) != 2) {
+        driver_error(line, err, errlen);
+        goto fail;
+    }
+    snprintf(devname, sizeof devname, "nvidia%u", minor);
+    fd = wk_open_device(state, devname, 1);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open %s/dev/%s: %s", state, devname, strerror(errno));
+        goto fail;
+    }
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_RDLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = id;
+    fl.l_len = 1;
+    if (fcntl(fd, F_OFD_SETLK, &fl) < 0) {
+        snprintf(err, errlen, "cannot lock context %u on %s: %s", id, devname, strerror(errno));
+        goto fail;
+    }
+    if (send_line(sock, "locked\n") < 0 || recv_line(sock, line, sizeof line) < 0) {
+        snprintf(err, errlen, "driver daemon closed the connection");
+        goto fail;
+    }
+    if (strncmp(line, "ok ", 3) != 0) {
+        driver_error(line, err, errlen);
+        goto fail;
+    }
+    close(sock);
+    return (int)id;
+fail:
+    close(sock);
+    return -1;
+}
