@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import assert_no_traceback
+from conftest import assert_no_traceback, wait_for
 
 
 def test_idle_h200_reads_clean_not_615_mib_dirty(mod) -> None:
@@ -143,7 +143,7 @@ def test_foreign_pids_from_an_old_driver_are_held_outside_the_namespace(mod, nod
 
 def test_forked_child_is_named_although_nvml_lists_its_dead_parent(mod, sandbox) -> None:
     w = sandbox.spawn_worker(gpus=[6], mib=12000, fork_child=True)
-    assert not w.alive() and w.child_alive()
+    assert wait_for(lambda: not w.alive()) and w.child_alive()
     r = mod("gpu_mem_verify", {"timeout": 0.2})
     g6 = r["gpus"][6]
     assert g6["diagnosis"] == "busy"
@@ -180,7 +180,7 @@ def test_not_available_process_memory_is_null(mod, node, sandbox) -> None:
 
 def test_subset_by_index_uuid_and_device(mod, sandbox) -> None:
     sandbox.spawn_worker(gpus=[0], mib=1000)
-    first = mod("gpu_mem_verify", {"gpus": [1], "timeout": 0})
+    first = mod("gpu_mem_verify", {"gpus": [2], "timeout": 0})
     uuid2 = first["gpus"][0]["uuid"]
     r = mod("gpu_mem_verify", {"gpus": [1, uuid2, "/dev/nvidia3"], "timeout": 0})
     assert r["_status"] == "ok"

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ModuleRunner, assert_no_traceback
+from conftest import ModuleRunner, assert_no_traceback, wait_for
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
 FAST = {"grace_period": 2, "kill_timeout": 2}
@@ -50,7 +50,7 @@ def test_renamed_workers_are_found_by_pattern_alone(mod, sandbox) -> None:
 
 def test_forked_child_found_through_the_device_file(mod, node, sandbox) -> None:
     w = sandbox.spawn_worker(gpus=[6], mib=12000, fork_child=True)
-    assert w.child_alive() and not w.alive()
+    assert wait_for(lambda: not w.alive()) and w.child_alive()
     r = mod("gpu_procs_kill", FAST)
     t = by_pid(r)[w.child_ns_pid]
     assert t["reasons"] == ["holds nvidia6 (fd+mmap)"]
