@@ -48,7 +48,7 @@ $(VENV)/.get-pip-shim: $(VENV)/.stamp
 
 ## ---------------------------------------------------------------- main job
 demo: setup
-	@$(PY) tests/demo/demo.py
+	@tests/tools/pidns-run $(PY) tests/demo/demo.py
 
 ## ---------------------------------------------------------------- gates
 test: setup

@@ -68,7 +68,8 @@ class AnsibleRun:
 
     def task(self, name: str, host: str | None = None) -> dict[str, Any]:
         """The last result record of the task called ``name`` (for ``host``)."""
-        found = [r for r in self.results if r["task"] == name and (host is None or r["host"] == host)]
+        # Role tasks are reported as "<role> : <name>".
+        found = [r for r in self.results if (r["task"] == name or r["task"].endswith(f" : {name}")) and (host is None or r["host"] == host)]
         if not found:
             raise AssertionError(f"task {name!r} has no result; tasks seen: {sorted({r['task'] for r in self.results})}\n{self.output}")
         return found[-1]

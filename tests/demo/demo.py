@@ -1,0 +1,95 @@
+"""`make demo`: the clean_slate job against the built-in simulated GPU node.
+
+Builds a simulated 8 x H200 node with the mess an inference host has before a
+restart (six renamed SGLang scheduler workers, a forked child that kept GPU 6
+after its parent died, a vLLM worker on GPU 7 that ignores SIGTERM) next to the
+daemons that must survive (nvidia-persistenced, nv-hostengine, dcgm-exporter),
+then runs the real playbook, playbooks/clean_slate.yml, and prints the GPUs
+before and after and the summary line. Everything runs inside a private PID
+namespace and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "sim")]
+
+from gpusim import Node  # noqa: E402
+from support.ansible import ROOT, VENV_PYTHON, run_playbook  # noqa: E402
+
+DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
+
+
+def gpu_table(before: list[dict], after: list[dict]) -> str:
+    rows = [f"{'GPU':>3}  {'before (MiB)':>12}  {'held by (before)':<44}  {'after (MiB)':>11}  {'after':<10}"]
+    rows.append("-" * len(rows[0]))
+    for b, a in zip(before, after):
+        holders = ", ".join(f"{p['pid']} {p['name'] or '(exited: NVML still lists it)'}" for p in b["processes"]) or "-"
+        if b["diagnosis"] == "busy" and not b["processes"]:
+            holders = "device file holder"
+        rows.append(f"{b['index']:>3}  {b['used_mib']:>12}  {holders[:44]:<44}  {a['used_mib']:>11}  {a['diagnosis']:<10}")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    started = time.monotonic()
+    with Node(gpus=8) as node:
+        sandbox = node.sandbox(name="demo")
+        workers = [sandbox.spawn_worker(gpus=[i], mib=60000, title=f"sglang::scheduler_TP{i}") for i in range(6)]
+        orphan = sandbox.spawn_worker(gpus=[6], mib=30000, fork_child=True, title="sglang::data_worker")
+        stubborn = sandbox.spawn_worker(gpus=[7], mib=70000, ignore_term=True, title="VLLM::Worker_TP7")
+        daemons = {name: node.spawn_daemon(name, sandbox=sandbox) for name in DAEMONS}
+        print(f"Simulated node: 8 x NVIDIA H200 at {node.state_dir}")
+        print(f"  {len(workers)} SGLang scheduler workers (GPUs 0-5), a forked child holding GPU 6 after its parent died,")
+        print("  a vLLM worker on GPU 7 that ignores SIGTERM, and " + ", ".join(DAEMONS) + " (must survive).\n")
+
+        with tempfile.TemporaryDirectory(prefix="gpuops-demo-") as tmp:
+            inventory = Path(tmp) / "inventory.yml"
+            inventory.write_text(
+                "gpu_nodes:\n"
+                "  hosts:\n"
+                "    gpu-node-1:\n"
+                "      ansible_connection: local\n"
+                f"      ansible_python_interpreter: {VENV_PYTHON}\n"
+                f"      clean_slate_device_dir: {node.dev_dir}\n"
+                "      clean_slate_expected_gpus: 8\n"
+                "      clean_slate_grace_period: 3\n"
+            )
+            env = node.env()
+            env["PATH"] = f"{node.bin_dir}:{os.environ.get('PATH', '')}"
+            print("$ ansible-playbook playbooks/clean_slate.yml -i inventory.yml -l gpu_nodes")
+            run = run_playbook(ROOT / "playbooks" / "clean_slate.yml", inventory=inventory, limit="gpu_nodes", env=env, wrapper=sandbox.nsenter_prefix())
+        if run.rc != 0:
+            print(run.output)
+            print(f"playbook failed (rc {run.rc})")
+            return 1
+        before = run.task("Take the before picture")["result"]["gpus"]
+        after = run.task("Wait until every GPU is clean")["result"]["gpus"]
+        kill = run.task("End the GPU processes")["result"]
+        print()
+        print(gpu_table(before, after))
+        print()
+        for t in kill["targets"]:
+            signals = "+".join(t["signals_sent"])
+            print(f"  ended {t['pid']:>5} {t['cmdline'][:28]:<28} {t['outcome']:<10} {signals:<12} after {t['seconds']:.2f} s  ({t['reasons'][0]})")
+        for p in kill["protected"]:
+            if p["why"].startswith("protected daemon"):
+                print(f"  kept  {p['pid']:>5} {p['name']:<28} {p['why']}")
+        print()
+        print(run.task("Show the summary")["result"]["msg"])
+        alive = [name for name, d in daemons.items() if d.alive()]
+        print(f"Protected daemons still running: {', '.join(alive)}; playbook wall time {run.elapsed:.1f} s (Ansible start-up included).")
+        ok = len(alive) == len(DAEMONS) and not any(w.alive() for w in [*workers, stubborn]) and not orphan.child_alive()
+        sandbox.stop()
+    print(f"Demo finished in {time.monotonic() - started:.1f} s.")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
