@@ -71,6 +71,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import recorded
 from .model import ApiError, Cluster, parse_conf
 from .server import DEFAULT_PASSWORD, DEFAULT_TOKEN_ID, DEFAULT_TOKEN_SECRET, DEFAULT_USER, PveSim
 
@@ -87,6 +88,7 @@ __all__ = [
     "PveSim",
     "load_cluster",
     "parse_conf",
+    "recorded",
 ]
 
 

@@ -114,6 +114,9 @@ class PveSim:
         self._want_port = port
         self._lock = threading.Lock()
         self._requests: list[tuple[str, str]] = []
+        self._in_flight = 0
+        #: Most requests the simulator was answering at the same moment (for concurrency bounds).
+        self.max_in_flight = 0
         self._tickets: dict[str, str] = {}
         self._responses: list[dict[str, Any]] = list(self.cluster.desc.get("responses", []))
         self.ssl_context: ssl.SSLContext | None = None
@@ -180,6 +183,7 @@ class PveSim:
     def reset_counter(self) -> None:
         with self._lock:
             self._requests.clear()
+            self.max_in_flight = 0
 
     @property
     def token(self) -> tuple[str, str]:
@@ -242,6 +246,15 @@ class PveSim:
         raw_path = h.path
         with self._lock:
             self._requests.append((method, raw_path))
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        try:
+            self._respond(h, method, raw_path)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _respond(self, h: _Handler, method: str, raw_path: str) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
         if self._parallel is not None:
@@ -288,10 +301,12 @@ class PveSim:
         rel = path[len(API_PREFIX) :] or "/"
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(split.query, keep_blank_values=True).items()}
         try:
+            override = self._override(method, rel, split.query)
             if method == "POST" and rel.rstrip("/") == "/access/ticket":
+                if override is not None:
+                    return self._from_override(override)
                 return 200, "OK", _dumps({"data": self._login(h, body)})
             self._authenticate(h)
-            override = self._override(method, rel, split.query)
             if override is not None:
                 return self._from_override(override)
             for want, pattern, fn in self._routes:
