@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -139,13 +138,23 @@ def test_where_filters_the_candidates(mod, sandbox) -> None:
 
 
 def test_children_of_a_match_are_included(mod, node, sandbox) -> None:
-    # A launcher that matches by name and holds no GPU, with a GPU child.
-    launcher = sandbox.popen(["sh", "-c", f"exec -a torchrun-launcher {node.bin_dir}/gpusim-worker --gpu 4 --mib 1000 --fork-child & wait; sleep 60"])
-    time.sleep(0.5)
-    r = mod("gpu_procs_kill", {"patterns": ["^sh -c exec -a torchrun"], "include_children": True, "discovery": [], **FAST})
-    reasons = [x for t in r["targets"] for x in t["reasons"]]
-    assert any(x.startswith("descendant of PID") for x in reasons), r["targets"]
+    # A launcher that matches by name and holds no GPU, with a GPU child that matches nothing.
+    worker = f"['{node.bin_dir}/gpusim-worker', '--state', '{node.state_dir}', '--gpu', '4', '--mib', '1000']"
+    script = f"import subprocess; subprocess.run({worker})  # torchrun-launcher"
+    launcher = sandbox.popen(["python3", "-c", script])
+    assert wait_for(lambda: any(c["gpu"] == 4 for c in node.contexts()))
+    r = mod("gpu_procs_kill", {"patterns": ["torchrun-launcher"], "include_children": True, "discovery": [], **FAST})
+    reasons = sorted(t["reasons"][0] for t in r["targets"])
+    assert len(reasons) == 2
+    assert reasons[0].startswith("descendant of PID ") and reasons[1] == "matches pattern 'torchrun-launcher'"
     launcher.wait(timeout=5)
+    node.wait_clean(timeout=5)
+    # Without include_children the child is left alone.
+    launcher = sandbox.popen(["python3", "-c", script])
+    assert wait_for(lambda: any(c["gpu"] == 4 for c in node.contexts()))
+    r = mod("gpu_procs_kill", {"patterns": ["torchrun-launcher"], "discovery": [], **FAST})
+    assert [t["reasons"] for t in r["targets"]] == [["matches pattern 'torchrun-launcher'"]]
+    assert any(c["gpu"] == 4 for c in node.contexts())
 
 
 def test_check_mode_kills_nothing_and_diff_shows_the_plan(mod, sandbox) -> None:
