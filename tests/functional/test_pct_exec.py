@@ -1,0 +1,211 @@
+"""pct_exec through real Ansible (ansible-playbook, AnsiballZ, local connection) against the fake pct.
+
+Containers are real: a process that is PID 1 of its own PID and mount namespaces, entered by the
+fake pct with nsenter, so a command that runs "in the container" sees the container's /proc.
+Run inside a private PID namespace: tests/tools/pidns-run .venv/bin/pytest tests/functional/test_pct_exec.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest_proxmox import CLUSTER_SOURCE, FAKE_PCT, Container, PctRegistry
+from pvesim import PveSim, load_cluster
+from support.ansible import VENV_PYTHON, local_play, run_module, run_playbook
+
+MODULE = "gpuops.clean_slate.pct_exec"
+# The venv's interpreter lives on the shared filesystem, so it runs inside the namespace containers too.
+PY = VENV_PYTHON
+
+
+@pytest.fixture
+def registry(tmp_path):
+    return PctRegistry(tmp_path / "pctsim", node="pve1")
+
+
+@pytest.fixture
+def container(registry):
+    ct = Container()
+    registry.add(150, pid=ct.init)
+    try:
+        yield ct
+    finally:
+        ct.stop()
+
+
+def pct_exec(registry: PctRegistry, check: bool = False, process_env: dict[str, str] | None = None, **args) -> dict:
+    """Run the module once; ``args`` are its options, ``process_env`` the environment Ansible (and pct) runs in."""
+    args.setdefault("pct_path", FAKE_PCT)
+    args.setdefault("node", "pve1")
+    result, run = run_module(MODULE, args, env={**registry.env(), **(process_env or {})}, check=check)
+    result["_output"] = run.output
+    return result
+
+
+def test_argv_arrives_unchanged_inside_the_container(registry, container):
+    argv = ["a b", "'single'", '"double"', "$(touch /tmp/pwned)", "`id`", "-rf", "--", "--keep-env", "ünïcødé ✓ 日本", "", "*", "\\n"]
+    code = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'init': open('/proc/1/comm').read().strip()}))"
+    r = pct_exec(registry, vmid=150, argv=[PY, "-c", code, *argv])
+    assert r["_status"] == "ok", r["_output"]
+    out = json.loads(r["stdout"])
+    assert out["argv"] == argv
+    assert out["init"] == "sleep"  # ran inside the container's PID namespace
+    assert not Path("/tmp/pwned").exists()
+    assert r["changed"] is True
+    assert r["rc"] == 0
+    assert (r["vmid"], r["node"]) == (150, "pve1")
+    assert r["elapsed_s"] >= 0
+    assert r["stdout_lines"] == [r["stdout"].strip()]
+    # exactly one status check, then one exec with the argv after "--"
+    calls = registry.calls()
+    assert [c[0] for c in calls] == ["status", "exec"]
+    assert calls[1][calls[1].index("--") + 1 :] == [PY, "-c", code, *argv]
+
+
+def test_command_runs_in_the_containers_shell(registry, container):
+    r = pct_exec(registry, vmid=150, command="echo $$ > /dev/null; cat /proc/1/comm; ls /proc | grep -c '^[0-9]' | tr -d ' '")
+    assert r["_status"] == "ok", r["_output"]
+    comm, count = r["stdout_lines"]
+    assert comm == "sleep"
+    assert int(count) < 10  # only the container's processes are visible
+
+
+def test_env_chdir_stdin_and_cleared_environment(registry, container):
+    code = "import os, sys; print(os.getcwd()); print(os.environ.get('JOB_ID')); print(os.environ.get('LEAK')); print(sys.stdin.read().strip())"
+    r = pct_exec(
+        registry,
+        process_env={"LEAK": "from-the-node"},
+        vmid=150,
+        argv=[PY, "-c", code],
+        chdir="/usr/share",
+        stdin="line for the job",
+        env={"JOB_ID": 42},
+    )
+    assert r["_status"] == "ok", r["_output"]
+    # JOB_ID set by env; LEAK from the node's environment cleared by --keep-env 0
+    assert r["stdout_lines"] == ["/usr/share", "42", "None", "line for the job"]
+
+
+def test_keep_env_passes_the_node_environment(registry, container):
+    code = "import os; print(os.environ.get('LEAK')); print(os.environ['PATH'])"
+    r = pct_exec(registry, process_env={"LEAK": "from-the-node"}, vmid=150, argv=[PY, "-c", code], keep_env=True)
+    assert r["_status"] == "ok", r["_output"]
+    assert r["stdout_lines"] == ["from-the-node", "/sbin:/bin:/usr/sbin:/usr/bin"]
+    assert r["cmd"][r["cmd"].index("--keep-env") + 1] == "1"
+
+
+def test_timeout_is_enforced_inside_the_container(registry, container):
+    start = time.monotonic()
+    r = pct_exec(registry, vmid=150, argv=["sleep", "120"], timeout=1, kill_after=1)
+    assert time.monotonic() - start < 60
+    assert r["_status"] == "failed"
+    assert r["reason"] == "timeout"
+    assert r["rc"] in (124, 137)
+    assert 1 <= r["elapsed_s"] < 30
+    # the sleep was killed where it ran: only the container's init is left inside
+    deadline = time.monotonic() + 5
+    while any("sleep 120" in p for p in container.processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any("sleep 120" in p for p in container.processes())
+
+
+def test_term_ignoring_command_is_killed_after_kill_after(registry, container):
+    r = pct_exec(registry, vmid=150, command="trap '' TERM; sleep 120", timeout=1, kill_after=1)
+    assert (r["_status"], r["reason"], r["rc"]) == ("failed", "timeout", 137)
+
+
+def test_failures_are_classified(registry, container):
+    registry.add(130, status="stopped")
+    registry.add(131, node="pve2")  # lives on another cluster node: this pct cannot see it
+    stopped = pct_exec(registry, vmid=130, argv=["true"])
+    elsewhere = pct_exec(registry, vmid=131, argv=["true"])
+    absent = pct_exec(registry, vmid=999, argv=["true"])
+    failing = pct_exec(registry, vmid=150, argv=["sh", "-c", "echo partial; exit 255"])
+    missing = pct_exec(registry, vmid=150, argv=["no-such-command-here"])
+    assert (stopped["_status"], stopped["reason"]) == ("failed", "not_running")
+    assert (elsewhere["reason"], absent["reason"]) == ("no_such_container", "no_such_container")
+    assert "another cluster node" in elsewhere["msg"]
+    # exit 255 from the command is the command's failure, not a pct error
+    assert (failing["reason"], failing["rc"], failing["stdout"]) == ("command_failed", 255, "partial\n")
+    assert (missing["reason"], missing["rc"]) == ("command_failed", 127)
+    # no exec was attempted for the stopped or absent containers
+    execs = [c for c in registry.calls() if c[0] == "exec"]
+    assert [c[1] for c in execs] == ["150", "150"]
+
+
+@pytest.mark.parametrize("vmid", [0, 99, 1000000000, "12a", "129; reboot"])
+def test_bad_vmid_is_rejected_before_anything_runs(registry, vmid):
+    r = pct_exec(registry, vmid=vmid, argv=["true"])
+    assert r["_status"] == "failed"
+    assert registry.calls() == []
+    if isinstance(vmid, int):
+        assert r["reason"] == "bad_arguments"
+
+
+def test_check_mode_and_creates(registry, container):
+    marker = "/tmp/pct-exec-marker-150"
+    Path(marker).unlink(missing_ok=True)
+    checked = pct_exec(registry, check=True, vmid=150, argv=["touch", marker])
+    assert (checked["_status"], checked["changed"]) == ("ok", True)
+    assert not Path(marker).exists()
+    first = pct_exec(registry, vmid=150, argv=["touch", marker], creates=marker)
+    second = pct_exec(registry, vmid=150, argv=["touch", marker], creates=marker)
+    Path(marker).unlink(missing_ok=True)
+    assert (first["changed"], second["changed"]) == (True, False)
+    assert "exists" in second["msg"]
+
+
+def test_inventory_to_pct_exec_on_every_running_gpu_container_of_a_node(registry, tmp_path):
+    """The inventory's gpu_nodes group drives pct_exec: one run per running GPU container of pve1."""
+    for vmid in (101, 102, 103, 109):
+        registry.add(vmid)
+    playbook = [
+        {
+            "name": "Touch every running GPU container of pve1",
+            "hosts": "gpu_nodes:&proxmox_containers:&proxmox_running:&proxmox_pve1",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Ask the container for its vmid",
+                    "gpuops.clean_slate.pct_exec": {
+                        "vmid": "{{ proxmox_vmid }}",
+                        "command": "echo {{ proxmox_vmid }}",
+                        "pct_path": FAKE_PCT,
+                        "node": "{{ proxmox_node }}",
+                    },
+                    "delegate_to": "localhost",
+                    "vars": {"ansible_connection": "local", "ansible_python_interpreter": VENV_PYTHON},
+                }
+            ],
+        }
+    ]
+    with PveSim(load_cluster("gpu3")) as sim:
+        run = run_playbook(playbook, inventory=CLUSTER_SOURCE, env={**sim.env(), **registry.env()})
+    assert run.rc == 0, run.output
+    results = {r["host"]: r["result"] for r in run.by_action("pct_exec")}
+    assert set(results) == {"train-a", "train-b", "infer-hook", "old-raw"}
+    for host, result in results.items():
+        assert result["stdout"].strip() == str(result["vmid"]), host
+    assert sorted(int(c[1]) for c in registry.calls() if c[0] == "exec") == [101, 102, 103, 109]
+
+
+def test_local_play_helper_reaches_the_module(registry, container):
+    # The same module through a hand-written play, with register + failed_when as users write it.
+    tasks = [
+        {
+            "name": "Count python processes",
+            MODULE: {"vmid": 150, "command": "ps -eo comm | grep -c python || true", "pct_path": FAKE_PCT},
+            "register": "pythons",
+        },
+        {"name": "Show", "ansible.builtin.assert": {"that": ["pythons.rc == 0", "pythons.stdout | int >= 0"]}},
+    ]
+    run = run_playbook(local_play(tasks), inventory="localhost,", env=registry.env())
+    assert run.rc == 0, run.output
+    assert run.task("Show")["status"] == "ok"
