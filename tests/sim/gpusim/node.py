@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import paths
 from .description import PROCESS_APIS, Description, Faults, GpuSpec
 from .procfs import PidHandle, ancestors, children, daemon_running, find_in_namespace, holders
+from .procfs import state as proc_state
 from .state import counted_contexts, memory
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class Worker:
     """
 
     def __init__(self, node: Node, popen: subprocess.Popen[bytes], ready_fd: int, log: Path,
-                 sandbox: Sandbox | None) -> None:
+                 sandbox: Sandbox | None, stops: bool = False) -> None:
         self.node = node
         self.popen = popen
         self.sandbox = sandbox
@@ -56,6 +57,7 @@ class Worker:
         self._handle: PidHandle | None = None if sandbox else PidHandle(popen.pid)
         self._child: PidHandle | None = None
         self._ready_fd: int | None = ready_fd
+        self._stops = stops  # --stop: ready once it sits in state T
         self.ready = False
 
     def __repr__(self) -> str:
@@ -105,19 +107,32 @@ class Worker:
         else:
             ns = self.sandbox.ns_inode
             self.ns_pid, self.child_ns_pid = pid, child
-            # nsenter's child is the worker (the cgroup wrapper execs into it)
-            self._pid = find_in_namespace(ns, pid, children(self.popen.pid)) or find_in_namespace(ns, pid)
+            # detached with setsid -f: re-parented to the sandbox init (or about to be)
+            self._pid = find_in_namespace(ns, pid, children(self.sandbox.init_pid)) or find_in_namespace(ns, pid)
             self._handle = PidHandle(self._pid) if self._pid else None
             if child is not None:
                 near = children(self._pid or 0) + children(self.sandbox.init_pid)
                 self.child_pid = find_in_namespace(ns, child, near) or find_in_namespace(ns, child)
         if self.child_pid:
             self._child = PidHandle(self.child_pid)
+            # --fork-child: the parent exits right after reporting; "ready" means
+            # the child alone holds the contexts, so wait for that exit too.
+            if self._handle is not None:
+                self._handle.wait_exit(max(0.0, deadline - time.monotonic()))
+        if self._stops:
+            self._wait_stopped(self.child_pid or self._pid, deadline)
         self.ready = True
         return self
 
+    @staticmethod
+    def _wait_stopped(pid: int | None, deadline: float) -> None:
+        while pid and proc_state(pid) not in ("T", None) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     def alive(self) -> bool:
         """The worker process has not exited (a stopped one is alive; a zombie is not)."""
+        if self._handle is None and self.sandbox is not None and not self.ready:
+            self.wait_ready()
         if self._handle is None:
             return self.popen.poll() is None
         return self._handle.alive()
@@ -136,10 +151,24 @@ class Worker:
         if self._child is not None:
             self._child.signal(sig)
 
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the worker to exit; its exit status (negative: signal). For a
-        sandboxed worker this is nsenter's status, which mirrors the worker's."""
-        return self.popen.wait(timeout)
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the worker to exit; its exit status (negative: signal), like
+        Popen.wait (subprocess.TimeoutExpired on timeout). A sandboxed worker is
+        reaped by the sandbox init, which reports the status (None if unknown)."""
+        if self.sandbox is None:
+            return self.popen.wait(timeout)
+        if not self.ready:
+            self.wait_ready()
+        if self._handle is not None and not self._handle.wait_exit(1e9 if timeout is None else timeout):
+            raise subprocess.TimeoutExpired(str(self.popen.args), timeout or 0)
+        self.popen.wait()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            status = self.sandbox.exit_status(self.ns_pid or 0)
+            if status is not None:
+                return status
+            time.sleep(0.002)
+        return None
 
     def wait_gone(self, timeout: float = 5.0) -> bool:
         """Wait until the worker and its forked child (if any) have exited."""
@@ -344,6 +373,19 @@ class Node:
                 h.wait_exit(2.0)
                 h.close()
 
+    def stop_driver(self) -> None:
+        """Stop only the driver daemon (as if it crashed): contexts stay while
+        their holders live; the library then judges them by their OFD locks and
+        frees them at once when the holders go; new contexts are refused."""
+        self._stop_daemon()
+        self._daemon = self._daemon_handle = None
+
+    def start_driver(self) -> None:
+        """(Re)start the driver daemon; it adopts the existing context records."""
+        if daemon_running(self.state_dir):
+            return
+        self._start_daemon(detach=False)
+
     def _stop_daemon(self) -> None:
         if self._daemon is not None and self._daemon_handle is not None:
             self._daemon_handle.signal(signal.SIGTERM)
@@ -528,13 +570,14 @@ class Node:
                 common: dict[str, Any] = dict(pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True)
                 if sandbox is not None:
-                    popen = sandbox.popen([exe, *argv[1:]], env=env, **common)  # --title names it
+                    common["start_new_session"] = False  # setsid -f gives the worker its own session
+                    popen = sandbox.spawn_detached([exe, *argv[1:]], env=env, **common)  # --title names it
                 else:
                     popen = subprocess.Popen(argv, executable=exe, env={**os.environ, **self.env(), **(env or {})},
                                              **common)
         finally:
             os.close(w)
-        worker = Worker(self, popen, r, log_path, sandbox)
+        worker = Worker(self, popen, r, log_path, sandbox, stops=stop)
         self._workers.append(worker)
         if wait_ready:
             worker.wait_ready()

@@ -66,6 +66,7 @@ class Sandbox:
         self._unshare: subprocess.Popen[bytes] | None = None
         self._init: PidHandle | None = None
         self._pct: tuple[Path, str] | None = None
+        self.exit_log: Path | None = None  #: "<ns pid> <exit code>" of every process the init reaped
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -83,9 +84,10 @@ class Sandbox:
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
         if self.vmid is not None:
             env["container"] = "lxc"  # what an LXC guest's /proc/1/environ says
-        argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                sys.executable, "-I", "-S", str(INIT_SCRIPT), str(w)]
         log = self.node.state_dir / "log" / f"sandbox-{self.name}.log"
+        self.exit_log = log.with_suffix(".exits")
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                sys.executable, "-I", "-S", str(INIT_SCRIPT), str(w), str(self.exit_log)]
         try:
             with open(log, "ab") as logf:
                 self._unshare = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf,
@@ -214,6 +216,28 @@ class Sandbox:
         """subprocess.run() inside the sandbox (same environment rules as popen)."""
         cmd, full = self._command(argv, env, include_library, cwd)
         return subprocess.run(cmd, env=full, **kwargs)
+
+    def spawn_detached(self, argv: list[Any], env: dict[str, str | None] | None = None,
+                       **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start a long-lived process inside, detached (``setsid -f``): it gets
+        its own session and, once the short-lived nsenter is gone, the sandbox
+        init as parent, as an orphaned job in a container has. (Kept under
+        nsenter, a process that stops itself would stop nsenter too: nsenter
+        mirrors its child's job-control stops.) The Popen is nsenter's."""
+        cmd, full = self._command(["setsid", "-f", *argv], env, None, None)
+        return subprocess.Popen(cmd, env=full, **kwargs)
+
+    def exit_status(self, ns_pid: int) -> int | None:
+        """Exit code (negative: signal) of a process the sandbox init reaped."""
+        try:
+            lines = self.exit_log.read_text().split("\n") if self.exit_log else []
+        except FileNotFoundError:
+            return None
+        for line in reversed(lines):
+            pid, _, code = line.partition(" ")
+            if pid == str(ns_pid):
+                return int(code)
+        return None
 
     def spawn_worker(self, **kwargs: Any) -> Worker:
         """node.spawn_worker(..., sandbox=self)."""

@@ -1,8 +1,9 @@
 """Fixtures for the simulator's self-tests.
 
-Most tests start, stop and signal real processes, so they must run in a
-private PID namespace: ``tests/tools/pidns-run .venv/bin/pytest tests/sim/tests``.
-Outside one they are skipped (except those marked ``host_safe``).
+Tests that use the ``node`` fixture start, stop and signal real processes, so
+they must run in a private PID namespace:
+``tests/tools/pidns-run .venv/bin/pytest tests/sim/tests``. Outside one they
+are skipped.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on a node start and signal processes: only in a private PID namespace."""
     if in_private_pidns():
         return
     skip = pytest.mark.skip(reason="signals processes: run under tests/tools/pidns-run")
     for item in items:
-        if "host_safe" not in item.keywords and Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+        if "node" in getattr(item, "fixturenames", ()) and "host_safe" not in item.keywords:
             item.add_marker(skip)
 
 
