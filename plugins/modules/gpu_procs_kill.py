@@ -310,15 +310,6 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _procs, _scope, _signals
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
-try:
-    import jmespath
-
-    HAS_JMESPATH = True
-    JMESPATH_IMPORT_ERROR = None
-except ImportError:
-    HAS_JMESPATH = False
-    JMESPATH_IMPORT_ERROR = traceback.format_exc()
-
 
 def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
     """Validate every option and gather NVML facts; raises before anything is signalled."""
@@ -335,8 +326,11 @@ def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
     protect = _procs.protect_list(p["protect"], p["unprotect"])
     where = None
     if p["where"]:
-        if not HAS_JMESPATH:
-            module.fail_json(msg=missing_required_lib("jmespath"), exception=JMESPATH_IMPORT_ERROR)
+        # Imported only when needed: every module run pays for its imports.
+        try:
+            import jmespath
+        except ImportError:
+            module.fail_json(msg=missing_required_lib("jmespath"), exception=traceback.format_exc())
         try:
             where = jmespath.compile(p["where"])
         except jmespath.exceptions.JMESPathError as exc:

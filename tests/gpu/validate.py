@@ -1,0 +1,435 @@
+"""Hardware validation of gpu_procs_kill, gpu_mem_verify and the clean_slate playbook.
+
+Run by tests/gpu/run.sh on a machine with NVIDIA GPUs (python3 with torch,
+nvidia-ml-py and psutil; ansible-core may come as carried wheels), or with
+--sim against the simulated node, to compare the two.
+
+For each scenario the workloads are started afresh four times, to measure:
+
+* floor: SIGKILL every workload at once and poll NVML (2 ms) until the memory is back;
+* module: gpu_procs_kill then gpu_mem_verify through ansible-playbook on localhost,
+  from the start of gpu_procs_kill to the moment gpu_mem_verify saw the GPUs clean;
+* playbook: the whole playbooks/clean_slate.yml on localhost, wall time;
+* pipeline: the hand-run commands of the developers' guide (tests/gpu/pipeline.sh)
+  in a private PID namespace, so that they cannot kill this harness.
+
+It asserts what must hold on real hardware (every workload ends, every GPU reads
+clean with v2 used <= 64 MiB, idle reads clean, the management client and Ansible
+survive, a second run changes nothing, gpus: [1] touches only GPU 1) and prints
+one table. Exit status 0 only when every assertion held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import typing as t
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+GRACE = 2.0
+MIB = 1 << 20
+
+Spec = t.Dict[str, t.Any]
+SCENARIOS: list[tuple[str, list[Spec]]] = [
+    ("plain 20 GiB", [{"gpu": 0, "gib": 20}]),
+    ("4 workers, 1 GPU", [{"gpu": 0, "gib": 8} for _ in range(4)]),
+    ("renamed sglang::scheduler_TP0", [{"gpu": 0, "gib": 8, "title": "sglang::scheduler_TP0"}]),
+    ("forked child, parent dead", [{"gpu": 0, "gib": 8, "fork_child": True}]),
+    ("ignores SIGTERM", [{"gpu": 0, "gib": 8, "ignore_term": True}]),
+    ("stopped (SIGSTOP)", [{"gpu": 0, "gib": 8, "stop": True}]),
+]
+TWO_GPU_SCENARIO = ("1 worker on each of 2 GPUs", [{"gpu": 0, "gib": 8}, {"gpu": 1, "gib": 8}])
+PLAIN = {"plain 20 GiB", "4 workers, 1 GPU", "renamed sglang::scheduler_TP0"}
+
+
+class Proc:
+    """A started workload: its pid and, for --fork-child, the child's."""
+
+    def __init__(self, pid: int, child: int | None = None, handle: t.Any = None) -> None:
+        self.pid, self.child, self.handle = pid, child, handle
+
+    def pids(self) -> list[int]:
+        return [p for p in (self.pid, self.child) if p]
+
+    def alive(self) -> bool:
+        return any(_alive(p) for p in self.pids())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+# ----------------------------------------------------------------------------- backends
+class RealBackend:
+    """The NVIDIA driver and torch workloads."""
+
+    name = "real"
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.count = pynvml.nvmlDeviceGetCount()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.count)]
+        self.device_dir = "/dev"
+        self.env: dict[str, str] = {}
+        self.smi = "nvidia-smi"
+
+    def describe(self) -> dict[str, t.Any]:
+        n = self.nvml
+        return {
+            "gpu": n.nvmlDeviceGetName(self.handles[0]),
+            "driver": n.nvmlSystemGetDriverVersion(),
+            "nvml": n.nvmlSystemGetNVMLVersion(),
+            "gpus": self.count,
+            "nvidia_ml_py": getattr(n, "__version__", "?"),
+        }
+
+    def workload_argv(self, spec: Spec) -> list[str]:
+        argv = [sys.executable, str(HERE / "workload.py"), "--gpu", str(spec["gpu"]), "--gib", str(spec.get("gib", 1))]
+        for flag in ("ignore_term", "stop", "fork_child", "nvml_only"):
+            if spec.get(flag):
+                argv.append("--" + flag.replace("_", "-"))
+        if spec.get("title"):
+            argv += ["--title", spec["title"]]
+        return argv
+
+    def spawn(self, specs: list[Spec]) -> list[Proc]:
+        popens = [subprocess.Popen(self.workload_argv(s), stdout=subprocess.PIPE, text=True, start_new_session=True) for s in specs]
+        procs = []
+        for p in popens:
+            line = p.stdout.readline().split() if p.stdout else []
+            if not line or line[0] != "ready":
+                raise RuntimeError(f"workload failed to start: {line}")
+            child = int(line[3]) if len(line) > 3 and line[2] == "child" else None
+            procs.append(Proc(int(line[1]), child, p))
+        return procs
+
+    def read(self) -> list[dict[str, t.Any]]:
+        n = self.nvml
+        out = []
+        for h in self.handles:
+            v1 = n.nvmlDeviceGetMemoryInfo(h)
+            v2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+            procs = n.nvmlDeviceGetComputeRunningProcesses(h)
+            out.append({"v1_used": v1.used // MIB, "used": v2.used // MIB, "reserved": v2.reserved // MIB, "procs": [p.pid for p in procs]})
+        return out
+
+
+class SimBackend:
+    """The simulated driver (tests/sim), same scenarios, for the comparison."""
+
+    name = "sim"
+
+    def __init__(self, gpus: int) -> None:
+        sys.path[:0] = [str(ROOT / "tests" / "sim")]
+        from gpusim import Node
+
+        self.node = Node(gpus=gpus).start()
+        self.count = gpus
+        self.device_dir = str(self.node.dev_dir)
+        self.env = self.node.env()
+        self.smi = str(self.node.bin_dir / "nvidia-smi")
+
+    def describe(self) -> dict[str, t.Any]:
+        return {"gpu": "simulated NVIDIA H200", "driver": "580.159.04 (simulated)", "gpus": self.count}
+
+    def workload_argv(self, spec: Spec) -> list[str]:
+        argv = [str(self.node.bin_dir / "gpusim-worker"), "--state", str(self.node.state_dir), "--gpu", str(spec["gpu"]), "--ready-fd", "1"]
+        argv += ["--mib", "0" if spec.get("nvml_only") else str(int(spec.get("gib", 1) * 1024))]
+        for flag, opt in (("ignore_term", "--ignore-term"), ("stop", "--stop"), ("fork_child", "--fork-child"), ("nvml_only", "--nvml")):
+            if spec.get(flag):
+                argv.append(opt)
+        if spec.get("title"):
+            argv += ["--title", spec["title"]]
+        return argv
+
+    def spawn(self, specs: list[Spec]) -> list[Proc]:
+        procs = []
+        for s in specs:
+            w = self.node.spawn_worker(
+                gpus=[s["gpu"]],
+                mib=0 if s.get("nvml_only") else int(s.get("gib", 1) * 1024),
+                title=s.get("title"),
+                ignore_term=bool(s.get("ignore_term")),
+                stop=bool(s.get("stop")),
+                fork_child=bool(s.get("fork_child")),
+                nvml=bool(s.get("nvml_only")),
+            )
+            procs.append(Proc(w.pid, w.child_pid, w))
+        return procs
+
+    def read(self) -> list[dict[str, t.Any]]:
+        out = []
+        for i in range(self.count):
+            m = self.node.memory(i)
+            ctx = [c for c in self.node.contexts() if c["gpu"] == i]
+            out.append({"v1_used": m["used_mib"] + m["reserved_mib"], "used": m["used_mib"], "reserved": m["reserved_mib"], "procs": ctx})
+        return out
+
+
+# ----------------------------------------------------------------------------- ansible
+class Ansible:
+    """ansible-playbook on localhost with the checkout as gpuops.clean_slate."""
+
+    def __init__(self, backend: t.Any, tmp: Path) -> None:
+        self.backend = backend
+        coll = tmp / "collections" / "ansible_collections" / "gpuops"
+        coll.mkdir(parents=True)
+        (coll / "clean_slate").symlink_to(ROOT)
+        self.collections = tmp / "collections"
+        self.tmp = tmp
+        exe = shutil.which("ansible-playbook") or str(Path(sys.executable).parent / "ansible-playbook")
+        if not os.path.exists(exe):
+            for site in os.environ.get("PYTHONPATH", "").split(":"):
+                if site and os.path.exists(os.path.join(site, "bin", "ansible-playbook")):
+                    exe = os.path.join(site, "bin", "ansible-playbook")
+        self.exe = exe
+        self.inventory = tmp / "inventory.yml"
+        self.inventory.write_text(
+            "gpu_nodes:\n  hosts:\n    localhost:\n"
+            "      ansible_connection: local\n"
+            f"      ansible_python_interpreter: {sys.executable}\n"
+            f"      clean_slate_device_dir: {backend.device_dir}\n"
+            f"      clean_slate_expected_gpus: {backend.count}\n"
+            f"      clean_slate_grace_period: {GRACE}\n"
+        )
+
+    def run(self, playbook: Path | list[dict[str, t.Any]]) -> tuple[int, float, list[dict[str, t.Any]], str]:
+        if isinstance(playbook, list):
+            path = self.tmp / "play.json"
+            path.write_text(json.dumps(playbook))  # JSON is YAML
+            playbook = path
+        results = self.tmp / "results.jsonl"
+        if results.exists():
+            results.unlink()
+        env = dict(os.environ)
+        env.update(self.backend.env)
+        env.update(
+            ANSIBLE_COLLECTIONS_PATH=str(self.collections),
+            ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "tests" / "support" / "callback"),
+            GPUOPS_TEST_RESULTS=str(results),
+            ANSIBLE_PIPELINING="True",
+            ANSIBLE_HOST_KEY_CHECKING="False",
+            ANSIBLE_NOCOLOR="1",
+            ANSIBLE_LOCAL_TEMP=str(self.tmp / "ansible-local"),
+        )
+        start = time.monotonic()
+        proc = subprocess.run([self.exe, str(playbook), "-i", str(self.inventory)], env=env, capture_output=True, text=True, check=False)
+        wall = time.monotonic() - start
+        records = [json.loads(x) for x in results.read_text().splitlines()] if results.exists() else []
+        return proc.returncode, wall, records, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+    def play(self, tasks: list[dict[str, t.Any]]) -> list[dict[str, t.Any]]:
+        return [{"name": "validate", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
+
+
+def task(records: list[dict[str, t.Any]], name: str) -> dict[str, t.Any]:
+    found = [r for r in records if r.get("task", "").endswith(name)]
+    if not found:
+        raise AssertionError(f"no result for {name}")
+    return found[-1]
+
+
+# ----------------------------------------------------------------------------- measurements
+class Harness:
+    def __init__(self, backend: t.Any, ansible: Ansible, tmp: Path) -> None:
+        self.b, self.a, self.tmp = backend, ansible, tmp
+        self.checks: list[tuple[str, bool, str]] = []
+        self.baseline = [g["used"] for g in backend.read()]
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append((name, bool(ok), detail))
+        print(f"  [{'ok' if ok else 'FAIL'}] {name}{': ' + detail if detail and not ok else ''}", flush=True)
+        return bool(ok)
+
+    def clean_now(self, gpus: t.Iterable[int] | None = None) -> bool:
+        reading = self.b.read()
+        idx = range(len(reading)) if gpus is None else gpus
+        return all(reading[i]["used"] <= 64 and not reading[i]["procs"] for i in idx)
+
+    def wait_clean(self, timeout: float = 30.0, poll: float = 0.002) -> float:
+        start = time.monotonic()
+        while not self.clean_now():
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"GPUs not clean after {timeout} s: {self.b.read()}")
+            time.sleep(poll)
+        return time.monotonic() - start
+
+    def cleanup(self, procs: list[Proc]) -> None:
+        for p in procs:
+            for pid in p.pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if isinstance(p.handle, subprocess.Popen):
+                p.handle.wait()
+        self.wait_clean()
+
+    def floor(self, specs: list[Spec]) -> float:
+        procs = self.b.spawn(specs)
+        for p in procs:
+            for pid in p.pids():
+                os.kill(pid, signal.SIGKILL)
+        took = self.wait_clean()
+        self.cleanup(procs)
+        return took
+
+    def module(self, name: str, specs: list[Spec], mgmt: Proc) -> float:
+        procs = self.b.spawn(specs)
+        kill_task = {
+            "name": "kill",
+            "gpuops.clean_slate.gpu_procs_kill": {"grace_period": GRACE, "kill_timeout": 10, "device_dir": self.b.device_dir},
+        }
+        verify_task = {"name": "verify", "gpuops.clean_slate.gpu_mem_verify": {"expected_count": self.b.count, "device_dir": self.b.device_dir}}
+        rc, _wall, records, out = self.a.run(self.a.play([kill_task, verify_task]))
+        ok = self.check(f"{name}: kill + verify run succeeds", rc == 0, out)
+        took = float("nan")
+        if ok:
+            k, v = task(records, "kill"), task(records, "verify")
+            took = (v["time"] - v["result"]["elapsed_s"] + v["result"]["time_to_clean_s"]) - (k["time"] - k["result"]["elapsed_s"])
+            ended = {x["pid"] for x in k["result"]["targets"]}
+            self.check(f"{name}: every workload ended", not any(p.alive() for p in procs), str(ended))
+            self.check(f"{name}: every GPU clean, v2 used <= 64 MiB", v["result"]["clean"] and all(g["used_mib"] <= 64 for g in v["result"]["gpus"]))
+            self.check(f"{name}: the management client survives", mgmt.alive() and mgmt.pid not in ended)
+            self.check(f"{name}: neither this harness (an ancestor of Ansible) nor the management client was a target", not ended & {os.getpid(), mgmt.pid})
+            rc2, _w, rec2, out2 = self.a.run(self.a.play([kill_task]))
+            self.check(f"{name}: a second run is changed: false", rc2 == 0 and task(rec2, "kill")["result"]["changed"] is False, out2)
+        self.cleanup(procs)
+        return took
+
+    def playbook(self, name: str, specs: list[Spec]) -> float:
+        procs = self.b.spawn(specs)
+        rc, wall, records, out = self.a.run(ROOT / "playbooks" / "clean_slate.yml")
+        self.check(f"{name}: the clean_slate playbook succeeds", rc == 0, out)
+        if rc == 0:
+            self.check(f"{name}: playbook ended every workload", not any(p.alive() for p in procs))
+            summary = task(records, "Show the summary")["result"]["msg"]
+            print(f"    {summary}")
+        self.cleanup(procs)
+        return wall
+
+    def pipeline(self, name: str, specs: list[Spec]) -> tuple[float, bool, bool]:
+        if not shutil.which("unshare"):
+            # Without a private PID namespace `grep python3 | kill -9` would kill this harness.
+            self.check(f"{name}: hand-run pipeline ran (needs unshare from util-linux)", False)
+            return float("nan"), False, False
+        # A management client inside the namespace shows the pipeline's collateral damage.
+        lines = [" ".join(_quote(a) for a in self.b.workload_argv(s)) for s in [*specs, {"gpu": 0, "nvml_only": True}]]
+        wl = self.tmp / "workloads.txt"
+        wl.write_text("\n".join(lines) + "\n")
+        env = dict(os.environ)
+        env.update(self.b.env)
+        env.update(DEV=self.b.device_dir, GPUS=str(self.b.count), WORKLOADS=str(wl))
+        if self.b.name == "sim":
+            env["NVIDIA_SMI"] = self.b.smi
+        out = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", "bash", str(HERE / "pipeline.sh")], env=env, capture_output=True, text=True, check=False
+        )
+        fields = out.stdout.split()
+        if len(fields) < 4 or fields[0] != "pipeline":
+            self.check(f"{name}: hand-run pipeline ran", False, out.stdout + out.stderr)
+            return float("nan"), False, False
+        self.wait_clean()
+        return float(fields[1]), fields[3] == "1", True
+
+
+def _quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\\''") + "'" if any(c in arg for c in " :'\"$") else arg
+
+
+def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
+    info = backend.describe()
+    print(f"backend {backend.name}: {info}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gpuops-gpu-") as tmpdir:
+        tmp = Path(tmpdir)
+        ansible = Ansible(backend, tmp)
+        h = Harness(backend, ansible, tmp)
+        idle = backend.read()
+        print(f"idle: {idle}", flush=True)
+        h.check("idle GPUs have v2 used <= 64 MiB (reserved memory is not counted)", all(g["used"] <= 64 for g in idle))
+        h.check("idle v1 used includes reserved memory (the trap)", all(g["v1_used"] >= g["reserved"] for g in idle), str(idle))
+        rc, _w, records, out = ansible.run(ansible.play([{"name": "verify", "gpuops.clean_slate.gpu_mem_verify": {"expected_count": backend.count}}]))
+        h.check("gpu_mem_verify reads the idle node clean", rc == 0 and task(records, "verify")["result"]["clean"], out)
+        mgmt = backend.spawn([{"gpu": 0, "nvml_only": True}])[0]
+        scenarios = list(SCENARIOS) + ([TWO_GPU_SCENARIO] if backend.count >= 2 else [])
+        rows = []
+        for name, specs in scenarios:
+            print(f"scenario: {name}", flush=True)
+            floor = statistics.median(h.floor(specs) for _ in range(repeat))
+            module = statistics.median(h.module(name, specs, mgmt) for _ in range(repeat))
+            playbook = h.playbook(name, specs)
+            pipe, pipe_clean, _ran = h.pipeline(name, specs)
+            rows.append({"scenario": name, "floor": floor, "module": module, "playbook": playbook, "pipeline": pipe, "pipeline_clean": pipe_clean})
+        if backend.count >= 2:
+            print("selective: gpus: [1]", flush=True)
+            procs = backend.spawn([{"gpu": 0, "gib": 4}, {"gpu": 1, "gib": 4}])
+            selective = {"name": "kill", "gpuops.clean_slate.gpu_procs_kill": {"gpus": [1], "device_dir": backend.device_dir}}
+            rc, _w, records, out = ansible.run(ansible.play([selective]))
+            h.check("gpus: [1] ends only the workload on GPU 1", rc == 0 and procs[0].alive() and not procs[1].alive(), out)
+            h.cleanup(procs)
+        h.check("the management client survived every module and playbook run", mgmt.alive())
+        h.cleanup([mgmt])
+    table = format_table(rows, info)
+    print(table)
+    failed = [c for c in h.checks if not c[1]]
+    print(f"{len(h.checks) - len(failed)}/{len(h.checks)} checks passed")
+    goals = {
+        "module <= floor + 0.3 s (plain scenarios)": all(r["module"] <= r["floor"] + 0.3 for r in rows if r["scenario"] in PLAIN),
+        "playbook <= 3 s on localhost (plain scenarios)": all(r["playbook"] <= 3.0 for r in rows if r["scenario"] in PLAIN),
+        "pipeline / module >= 5 (plain scenarios)": all(r["pipeline"] / r["module"] >= 5 for r in rows if r["scenario"] in PLAIN),
+    }
+    for goal, met in goals.items():
+        print(f"goal {'met' if met else 'NOT met'}: {goal}")
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"gpu-{backend.name}.json").write_text(json.dumps({"info": info, "rows": rows, "checks": h.checks, "goals": goals}, indent=2))
+        (out_dir / f"gpu-{backend.name}.md").write_text(table + "\n")
+    return 1 if failed else 0
+
+
+def format_table(rows: list[dict[str, t.Any]], info: dict[str, t.Any]) -> str:
+    head = "| scenario | floor s | ours (module) s | ours (playbook) s | pipeline s | ours/pipeline | ours - floor s |"
+    lines = [f"{info.get('gpu')} x{info.get('gpus')}, driver {info.get('driver')}", "", head, "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = r["module"] / r["pipeline"] if r["pipeline"] == r["pipeline"] and r["pipeline"] else float("nan")
+        lines.append(
+            f"| {r['scenario']} | {r['floor']:.3f} | {r['module']:.3f} | {r['playbook']:.2f} | {r['pipeline']:.2f}"
+            f"{'' if r['pipeline_clean'] else ' (not clean)'} | {ratio:.1%} | {r['module'] - r['floor']:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sim", action="store_true", help="use the simulated node instead of the NVIDIA driver")
+    p.add_argument("--sim-gpus", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=1, help="floor and module runs per scenario (median)")
+    p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    a = p.parse_args()
+    backend = SimBackend(a.sim_gpus) if a.sim else RealBackend()
+    try:
+        return run(backend, a.out, a.repeat)
+    finally:
+        if a.sim:
+            backend.node.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
