@@ -7,6 +7,8 @@ import os
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from .sandbox import Sandbox
 
 DEV_FILE_BYTES = 4096  #: device files must be mmappable
+CRED = struct.Struct("3i")  #: struct ucred: pid, uid, gid
 READY_TIMEOUT = 10.0
 
 
@@ -44,7 +47,7 @@ class Worker:
     ``popen`` (for a sandboxed worker: the nsenter that started it).
     """
 
-    def __init__(self, node: Node, popen: subprocess.Popen[bytes], ready_fd: int, log: Path,
+    def __init__(self, node: Node, popen: subprocess.Popen[bytes], ready: socket.socket, log: Path,
                  sandbox: Sandbox | None, stops: bool = False) -> None:
         self.node = node
         self.popen = popen
@@ -56,7 +59,7 @@ class Worker:
         self._pid: int | None = None if sandbox else popen.pid
         self._handle: PidHandle | None = None if sandbox else PidHandle(popen.pid)
         self._child: PidHandle | None = None
-        self._ready_fd: int | None = ready_fd
+        self._ready: socket.socket | None = ready
         self._stops = stops  # --stop: ready once it sits in state T
         self.ready = False
 
@@ -78,18 +81,26 @@ class Worker:
             return ""
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> Worker:
-        """Wait for "ready <pid>[ child <pid>]": the contexts exist from then on."""
+        """Wait for "ready <pid>[ child <pid>]": the contexts exist from then on.
+
+        The ready channel is a unix socket with SO_PASSCRED: the kernel attaches
+        the writer's pid translated into *our* PID namespace, so a sandboxed
+        worker's host pid is known even if it exits right after writing."""
         if self.ready:
             return self
-        assert self._ready_fd is not None
+        assert self._ready is not None
         deadline = time.monotonic() + timeout
         data = b""
+        sender = 0
         while not data.endswith(b"\n"):
             left = deadline - time.monotonic()
-            r, _, _ = select.select([self._ready_fd], [], [], max(0.0, left))
+            r, _, _ = select.select([self._ready], [], [], max(0.0, left))
             if not r:
                 raise WorkerError(f"worker not ready after {timeout}s", self.popen.poll(), self.log())
-            chunk = os.read(self._ready_fd, 256)
+            chunk, anc, _, _ = self._ready.recvmsg(256, socket.CMSG_SPACE(CRED.size))
+            for level, kind, cdata in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    sender = CRED.unpack(cdata[: CRED.size])[0]
             if not chunk:
                 try:
                     rc = self.popen.wait(timeout=5)
@@ -97,8 +108,8 @@ class Worker:
                     rc = None
                 raise WorkerError(f"worker exited with status {rc} before it was ready", rc, self.log())
             data += chunk
-        os.close(self._ready_fd)
-        self._ready_fd = None
+        self._ready.close()
+        self._ready = None
         words = data.split()
         pid = int(words[1])
         child = int(words[3]) if len(words) >= 4 and words[2] == b"child" else None
@@ -107,8 +118,8 @@ class Worker:
         else:
             ns = self.sandbox.ns_inode
             self.ns_pid, self.child_ns_pid = pid, child
-            # detached with setsid -f: re-parented to the sandbox init (or about to be)
-            self._pid = find_in_namespace(ns, pid, children(self.sandbox.init_pid)) or find_in_namespace(ns, pid)
+            self._pid = sender or find_in_namespace(ns, pid, children(self.sandbox.init_pid)) or \
+                find_in_namespace(ns, pid)
             self._handle = PidHandle(self._pid) if self._pid else None
             if child is not None:
                 near = children(self._pid or 0) + children(self.sandbox.init_pid)
@@ -193,9 +204,9 @@ class Worker:
             if h is not None:
                 h.wait_exit(2.0)
                 h.close()
-        if self._ready_fd is not None:
-            os.close(self._ready_fd)
-            self._ready_fd = None
+        if self._ready is not None:
+            self._ready.close()
+            self._ready = None
 
 
 class Node:
@@ -247,6 +258,7 @@ class Node:
         self._started = False
         self._stopped = False
         self._seq = 0
+        atexit.register(self.stop)  # also removes the temp dir of a node never started
 
     # ------------------------------------------------------------ life cycle
     @classmethod
@@ -290,8 +302,8 @@ class Node:
             self._make_device(dev)
         self._start_daemon(detach)
         self._started = True
-        if not detach:
-            atexit.register(self.stop)
+        if detach:
+            atexit.unregister(self.stop)  # the CLI leaves the node running
         return self
 
     def _make_device(self, name: str) -> None:
@@ -560,7 +572,9 @@ class Node:
                          ("--exit-after-ms", exit_after_ms)):
             if val is not None:
                 argv += [opt, str(val)]
-        r, w = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        w = theirs.fileno()
         argv += ["--ready-fd", str(w)]
         self._seq += 1
         log_path = self.state_dir / "log" / f"worker-{self._seq}.log"
@@ -576,8 +590,8 @@ class Node:
                     popen = subprocess.Popen(argv, executable=exe, env={**os.environ, **self.env(), **(env or {})},
                                              **common)
         finally:
-            os.close(w)
-        worker = Worker(self, popen, r, log_path, sandbox, stops=stop)
+            theirs.close()
+        worker = Worker(self, popen, ours, log_path, sandbox, stops=stop)
         self._workers.append(worker)
         if wait_ready:
             worker.wait_ready()

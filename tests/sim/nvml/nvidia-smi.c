@@ -460,7 +460,7 @@ static void table(void)
         }
         snprintf(mem, sizeof mem, "%lluMiB / %lluMiB", g->used / MIB, g->total / MIB);
         printf("| %3u  %-28.28s   On  |   %16s Off |                    0 |\n", g->index, g->name, g->bus_id);
-        printf("| N/A   N/A    P0            N/A /  N/A  | %22s |      0%%      Default |\n", mem);
+        printf("| %-39s | %22s |      0%%      Default |\n", "N/A   N/A    P0             N/A  /  N/A", mem);
         printf("|                                         |                        |             Disabled |\n");
         printf("%s\n", line);
     }
