@@ -101,7 +101,7 @@ def test_nonsense_timeouts_are_bad_arguments(timeout, kill_after):
 
 # ---------------------------------------------------------------------- classification
 @pytest.mark.parametrize(
-    ("stderr", "reason", "node"),
+    ("stderr", "reason", "pct_node"),
     [
         ("Configuration file 'nodes/pve2/lxc/129.conf' does not exist\n", "no_such_container", "pve2"),
         ("container '129' not running!\n", "not_running", None),
@@ -111,11 +111,11 @@ def test_nonsense_timeouts_are_bad_arguments(timeout, kill_after):
         ("400 Parameter verification failed.\nvmid: type check ('integer') failed - got 'x'\n" + USAGE, "bad_arguments", None),
     ],
 )
-def test_pct_messages_are_classified(stderr, reason, node):
+def test_pct_messages_are_classified(stderr, reason, pct_node):
     got = classify_pct_error(stderr, 129)
     assert got is not None
     assert got[0] == reason
-    assert got[2] == node
+    assert got[2] == pct_node
 
 
 @pytest.mark.parametrize(
