@@ -104,17 +104,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print(f"node {data['state']}: {len(data['gpus'])} GPUs, driver {data['driver_version']}, "
-          f"daemon {'running' if data['daemon_running'] else 'NOT running'}, "
-          f"release {data['release_delay_ms']} ms + {data['release_gap_ms']} ms/context")
+    print(
+        f"node {data['state']}: {len(data['gpus'])} GPUs, driver {data['driver_version']}, "
+        f"daemon {'running' if data['daemon_running'] else 'NOT running'}, "
+        f"release {data['release_delay_ms']} ms + {data['release_gap_ms']} ms/context"
+    )
     if data["faults"]:
         print("faults: " + ", ".join(f"{k}={v}" for k, v in data["faults"].items()))
     print(f"{'GPU':>3}  {'used MiB':>9}  {'reserved':>8}  {'total':>7}  contexts")
     for g in data["gpus"]:
-        ctx = ", ".join(
-            f"#{c['id']} pid {'/'.join(str(p) for _, p in c['levels']) or c['pid']} {c['mib']} MiB {c['state']}"
-            for c in g["contexts"]
-        )
+        ctx = ", ".join(f"#{c['id']} pid {'/'.join(str(p) for _, p in c['levels']) or c['pid']} {c['mib']} MiB {c['state']}" for c in g["contexts"])
         if g["orphan_mib"]:
             ctx = (ctx + ", " if ctx else "") + f"orphaned {g['orphan_mib']} MiB"
         print(f"{g['index']:>3}  {g['used_mib']:>9}  {g['reserved_mib']:>8}  {g['total_mib']:>7}  {ctx or '-'}")
@@ -160,8 +159,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
             raise SystemExit(f"gpusim fault: unknown key {key!r}")
     if timeout:
         current = node.desc.faults
-        merged = {"functions": current.timeout_functions, "gpus": current.timeout_gpus,
-                  "delay_ms": current.timeout_delay_ms, **timeout}
+        merged = {"functions": current.timeout_functions, "gpus": current.timeout_gpus, "delay_ms": current.timeout_delay_ms, **timeout}
         kw["timeout"] = merged if merged["functions"] else None
     if kw:
         node.set_fault(**kw)
@@ -180,8 +178,7 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gpusim", description="simulated NVIDIA GPU node",
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(prog="gpusim", description="simulated NVIDIA GPU node", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     node_p = sub.add_parser("node", help="start or stop a node")

@@ -160,9 +160,7 @@ class Description:
             timeout_functions=_split(kv.get("fault.timeout_functions", "")),
             timeout_gpus=[int(x) for x in _split(kv.get("fault.timeout_gpus", ""))],
             timeout_delay_ms=int(kv.get("fault.timeout_delay_ms", "0") or 0),
-            recovery_action={
-                int(k): int(v) for k, v in (p.split(":") for p in _split(kv.get("fault.recovery_explicit", "")))
-            },
+            recovery_action={int(k): int(v) for k, v in (p.split(":") for p in _split(kv.get("fault.recovery_explicit", "")))},
         )
         gpus = []
         for i in range(int(kv.get("gpu_count", "0"))):
@@ -212,7 +210,7 @@ class Description:
 def fault_names() -> list[str]:
     """The names accepted by Node.set_fault()."""
     names = [f.name for f in fields(Faults) if not f.name.startswith("timeout_")]
-    return sorted(names + ["timeout"])
+    return sorted([*names, "timeout"])
 
 
 def gpu_uuid(seed: str, index: int) -> str:

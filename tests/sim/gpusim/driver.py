@@ -161,9 +161,7 @@ class Driver:
                 levels = []
             if not levels or levels[0][0] != self.own_ns:
                 levels = [(self.own_ns, pid)]  # exited already, or /proc is not our namespace's
-            ctx = Context(
-                id=cid, gpu=gpu, minor=minor, mib=mib, lock=cid, pid=pid, levels=levels, created_ns=time.monotonic_ns()
-            )
+            ctx = Context(id=cid, gpu=gpu, minor=minor, mib=mib, lock=cid, pid=pid, levels=levels, created_ns=time.monotonic_ns())
             write_record(self.state, ctx)
             threading.Thread(target=self._watch, args=(ctx,), daemon=True).start()
             try:

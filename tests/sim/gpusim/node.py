@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +48,7 @@ class Worker:
     ``popen`` (for a sandboxed worker: the nsenter that started it).
     """
 
-    def __init__(self, node: Node, popen: subprocess.Popen[bytes], ready: socket.socket, log: Path,
-                 sandbox: Sandbox | None, stops: bool = False) -> None:
+    def __init__(self, node: Node, popen: subprocess.Popen[bytes], ready: socket.socket, log: Path, sandbox: Sandbox | None, stops: bool = False) -> None:
         self.node = node
         self.popen = popen
         self.sandbox = sandbox
@@ -118,8 +118,7 @@ class Worker:
         else:
             ns = self.sandbox.ns_inode
             self.ns_pid, self.child_ns_pid = pid, child
-            self._pid = sender or find_in_namespace(ns, pid, children(self.sandbox.init_pid)) or \
-                find_in_namespace(ns, pid)
+            self._pid = sender or find_in_namespace(ns, pid, children(self.sandbox.init_pid)) or find_in_namespace(ns, pid)
             self._handle = PidHandle(self._pid) if self._pid else None
             if child is not None:
                 near = children(self._pid or 0) + children(self.sandbox.init_pid)
@@ -184,10 +183,7 @@ class Worker:
     def wait_gone(self, timeout: float = 5.0) -> bool:
         """Wait until the worker and its forked child (if any) have exited."""
         deadline = time.monotonic() + timeout
-        for h in (self._handle, self._child):
-            if h is not None and not h.wait_exit(deadline - time.monotonic()):
-                return False
-        return True
+        return all(not (h is not None and not h.wait_exit(deadline - time.monotonic())) for h in (self._handle, self._child))
 
     def _terminate(self) -> None:
         """SIGKILL everything this worker started and reap it (Node.stop)."""
@@ -322,17 +318,19 @@ class Node:
 
     def _start_daemon(self, detach: bool) -> None:
         r, w = os.pipe()
-        code = (
-            f"import sys; sys.path.insert(0, {str(paths.SIM_ROOT)!r}); "
-            "from gpusim.driver import main; sys.exit(main())"
-        )
+        code = f"import sys; sys.path.insert(0, {str(paths.SIM_ROOT)!r}); from gpusim.driver import main; sys.exit(main())"
         argv = [sys.executable, "-I", "-c", code, "--state", str(self.state_dir), "--ready-fd", str(w)]
         if not detach:
             argv.append("--watch-parent")
         with open(self.state_dir / "log" / "driver.log", "ab") as log:
             self._daemon = subprocess.Popen(
-                argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                start_new_session=True, cwd="/",
+                argv,
+                pass_fds=(w,),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                cwd="/",
             )
         os.close(w)
         try:
@@ -439,7 +437,7 @@ class Node:
         return {
             "GPUSIM_STATE": str(self.state_dir),
             "LD_LIBRARY_PATH": ":".join(libs),
-            "PATH": ":".join([str(self.bin_dir)] + strip("PATH", self.bin_dir)),
+            "PATH": ":".join([str(self.bin_dir), *strip("PATH", self.bin_dir)]),
         }
 
     # ------------------------------------------------------------ description & faults
@@ -551,7 +549,7 @@ class Node:
         exit_after_ms: int | None = None,
         executable: str | os.PathLike[str] | None = None,
         argv0: str | None = None,
-        env: dict[str, str] | None = None,
+        env: dict[str, str | None] | None = None,
     ) -> Worker:
         """Start a gpusim-worker. gpus None means [0] for a compute worker and
         every GPU for a hold_only / nvml management client. Each worker gets its
@@ -564,12 +562,10 @@ class Node:
         argv = [argv0 or str(paths.WORKER), "--state", str(self.state_dir), "--mib", str(mib)]
         for g in gpu_list:
             argv += ["--gpu", str(g)]
-        for flag, on in (("--ignore-term", ignore_term), ("--stop", stop), ("--fork-child", fork_child),
-                         ("--hold-only", hold_only), ("--nvml", nvml)):
+        for flag, on in (("--ignore-term", ignore_term), ("--stop", stop), ("--fork-child", fork_child), ("--hold-only", hold_only), ("--nvml", nvml)):
             if on:
                 argv.append(flag)
-        for opt, val in (("--title", title), ("--child-title", child_title), ("--term-delay-ms", term_delay_ms),
-                         ("--exit-after-ms", exit_after_ms)):
+        for opt, val in (("--title", title), ("--child-title", child_title), ("--term-delay-ms", term_delay_ms), ("--exit-after-ms", exit_after_ms)):
             if val is not None:
                 argv += [opt, str(val)]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -581,14 +577,12 @@ class Node:
         exe = str(executable or paths.WORKER)
         try:
             with open(log_path, "wb") as log:
-                common: dict[str, Any] = dict(pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True)
+                common: dict[str, Any] = {"pass_fds": (w,), "stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "start_new_session": True}
                 if sandbox is not None:
                     common["start_new_session"] = False  # setsid -f gives the worker its own session
                     popen = sandbox.spawn_detached([exe, *argv[1:]], env=env, **common)  # --title names it
                 else:
-                    popen = subprocess.Popen(argv, executable=exe, env={**os.environ, **self.env(), **(env or {})},
-                                             **common)
+                    popen = subprocess.Popen(argv, executable=exe, env=merge_env(os.environ, self.env(), env), **common)
         finally:
             theirs.close()
         worker = Worker(self, popen, ours, log_path, sandbox, stops=stop)
@@ -606,8 +600,7 @@ class Node:
         if not exe.exists():
             shutil.copy2(paths.WORKER, exe)
             exe.chmod(0o755)
-        return self.spawn_worker(hold_only=not nvml, nvml=nvml, title=name, sandbox=sandbox,
-                                 executable=exe, argv0=name)
+        return self.spawn_worker(hold_only=not nvml, nvml=nvml, title=name, sandbox=sandbox, executable=exe, argv0=name)
 
     def sandbox(self, name: str | None = None, vmid: int | None = None, cgroup: bool = True) -> Sandbox:
         """A private PID namespace (+ mount namespace with its own /proc): the
@@ -622,6 +615,18 @@ class Node:
     def _forget_sandbox(self, sb: Sandbox) -> None:
         if sb in self._sandboxes:
             self._sandboxes.remove(sb)
+
+
+def merge_env(*layers: Mapping[str, str | None] | None) -> dict[str, str]:
+    """Later layers win; a None value removes the variable."""
+    out: dict[str, str] = {}
+    for layer in layers:
+        for k, v in (layer or {}).items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = v
+    return out
 
 
 def _as_list(value: Any) -> list[Any]:

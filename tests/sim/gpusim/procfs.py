@@ -182,7 +182,8 @@ def ofd_lock_held(fd: int, offset: int) -> bool:
     """Is byte `offset` locked by some other open file description?"""
     arg = struct.pack(FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
     res = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, arg)
-    return struct.unpack(FLOCK, res)[0] != fcntl.F_UNLCK
+    l_type: int = struct.unpack(FLOCK, res)[0]
+    return l_type != fcntl.F_UNLCK
 
 
 def ofd_lock(fd: int, offset: int, kind: int, wait: bool) -> None:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .node import merge_env
 from .procfs import PidHandle, children, pidns_inode
 
 if TYPE_CHECKING:
@@ -86,12 +87,10 @@ class Sandbox:
             env["container"] = "lxc"  # what an LXC guest's /proc/1/environ says
         log = self.node.state_dir / "log" / f"sandbox-{self.name}.log"
         self.exit_log = log.with_suffix(".exits")
-        argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                sys.executable, "-I", "-S", str(INIT_SCRIPT), str(w), str(self.exit_log)]
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-I", "-S", str(INIT_SCRIPT), str(w), str(self.exit_log)]
         try:
             with open(log, "ab") as logf:
-                self._unshare = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf,
-                                                 stderr=logf, env=env, start_new_session=True)
+                self._unshare = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, env=env, start_new_session=True)
         finally:
             os.close(w)
         try:
@@ -189,36 +188,42 @@ class Sandbox:
             prefix += ["/bin/sh", "-c", CGROUP_JOIN, str(self.cgroup_path / "cgroup.procs")]
         return prefix
 
-    def _command(self, argv: list[Any], env: dict[str, str | None] | None, include_library: bool | None,
-                 cwd: str | os.PathLike[str] | None) -> tuple[list[str], dict[str, str]]:
+    def _command(
+        self, argv: list[Any], env: dict[str, str | None] | None, include_library: bool | None, cwd: str | os.PathLike[str] | None
+    ) -> tuple[list[str], dict[str, str]]:
         if self._stopped:
             raise RuntimeError(f"sandbox {self.name} is stopped")
-        full = {**os.environ, **self.node.env(include_library)}
-        if self.vmid is not None:
-            full["container"] = "lxc"
-        for k, v in (env or {}).items():
-            if v is None:
-                full.pop(k, None)
-            else:
-                full[k] = v
+        lxc = {"container": "lxc"} if self.vmid is not None else None  # as lxc-attach / pct enter set it
+        full = merge_env(os.environ, self.node.env(include_library), lxc, env)
         cmd = self.nsenter_prefix(join_cgroup=True, wd=str(cwd or os.getcwd())) + [str(a) for a in argv]
         return cmd, full
 
-    def popen(self, argv: list[Any], env: dict[str, str | None] | None = None, include_library: bool | None = None,
-              cwd: str | os.PathLike[str] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+    def popen(
+        self,
+        argv: list[Any],
+        env: dict[str, str | None] | None = None,
+        include_library: bool | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> subprocess.Popen[Any]:
         """Start a command inside (environment: ours + node.env() + env; a None
         value removes a variable). Popen.pid is nsenter's, in our namespace."""
         cmd, full = self._command(argv, env, include_library, cwd)
         return subprocess.Popen(cmd, env=full, **kwargs)
 
-    def run(self, argv: list[Any], env: dict[str, str | None] | None = None, include_library: bool | None = None,
-            cwd: str | os.PathLike[str] | None = None, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    def run(
+        self,
+        argv: list[Any],
+        env: dict[str, str | None] | None = None,
+        include_library: bool | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> subprocess.CompletedProcess[Any]:
         """subprocess.run() inside the sandbox (same environment rules as popen)."""
         cmd, full = self._command(argv, env, include_library, cwd)
         return subprocess.run(cmd, env=full, **kwargs)
 
-    def spawn_detached(self, argv: list[Any], env: dict[str, str | None] | None = None,
-                       **kwargs: Any) -> subprocess.Popen[Any]:
+    def spawn_detached(self, argv: list[Any], env: dict[str, str | None] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start a long-lived process inside, detached (``setsid -f``): it gets
         its own session and, once the short-lived nsenter is gone, the sandbox
         init as parent, as an orphaned job in a container has. (Kept under
@@ -247,8 +252,7 @@ class Sandbox:
         return self.node.spawn_daemon(name, sandbox=self, nvml=nvml)
 
     # ------------------------------------------------------------ fake pct
-    def register_pct(self, registry_dir: str | os.PathLike[str], node_name: str = "pve1",
-                     status: str = "running") -> Path:
+    def register_pct(self, registry_dir: str | os.PathLike[str], node_name: str = "pve1", status: str = "running") -> Path:
         """Write ``<registry_dir>/<vmid>.json`` for the fake ``pct`` (env PCTSIM_DIR):
         {"vmid", "status", "pid" (host pid of the init, null when stopped), "node", "hostname"}.
         Sandbox.stop() rewrites it as stopped."""

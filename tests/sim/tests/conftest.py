@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpusim import Node, Sandbox
 from gpusim.procfs import in_private_pidns
 
@@ -49,8 +48,7 @@ def node() -> Iterator[Node]:
         n.stop()
 
 
-def run_nvml(node: Node, code: str, sandbox: Sandbox | None = None, env: dict[str, Any] | None = None,
-             timeout: float = 60) -> Any:
+def run_nvml(node: Node, code: str, sandbox: Sandbox | None = None, env: dict[str, Any] | None = None, timeout: float = 60) -> Any:
     """Run `code` with the real pynvml in a subprocess on `node` (inside
     `sandbox` if given); return its `result`."""
     argv = [sys.executable, str(PROBE), textwrap.dedent(code)]

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from gpusim import Node, paths
 
 MIB = 1 << 20
@@ -33,8 +32,7 @@ def live(node: Node, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def smi(node: Node, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(paths.NVIDIA_SMI), *args], capture_output=True, text=True,
-                          env={**os.environ, **node.env(), **env})
+    return subprocess.run([str(paths.NVIDIA_SMI), *args], capture_output=True, text=True, env={**os.environ, **node.env(), **env})
 
 
 # 1 -------------------------------------------------------------- library absent
@@ -52,12 +50,15 @@ def test_library_absent_environment(node, nvml) -> None:
 
 
 # 2 -------------------------------------------------------------- init errors
-@pytest.mark.parametrize(("error", "exc", "smi_rc"), [
-    ("LIB_RM_VERSION_MISMATCH", "NVMLError_LibRmVersionMismatch", 18),
-    ("NVML_ERROR_DRIVER_NOT_LOADED", "NVMLError_DriverNotLoaded", 9),
-    ("no_permission", "NVMLError_NoPermission", 4),
-    (17, "NVMLError_OperatingSystem", 17),
-])
+@pytest.mark.parametrize(
+    ("error", "exc", "smi_rc"),
+    [
+        ("LIB_RM_VERSION_MISMATCH", "NVMLError_LibRmVersionMismatch", 18),
+        ("NVML_ERROR_DRIVER_NOT_LOADED", "NVMLError_DriverNotLoaded", 9),
+        ("no_permission", "NVMLError_NoPermission", 4),
+        (17, "NVMLError_OperatingSystem", 17),
+    ],
+)
 def test_init_error(node, nvml, error, exc, smi_rc) -> None:
     node.set_fault(init_error=error)
     assert nvml(node, "result = error_name(nvmlInit)") == exc
@@ -76,27 +77,42 @@ def test_init_error_messages_of_nvidia_smi(node) -> None:
 # 3 -------------------------------------------------------------- lost GPU
 def test_lost_gpu(node, nvml) -> None:
     node.set_fault(lost=[3])
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         nvmlInit()
         result = {"count": nvmlDeviceGetCount(), "lost": error_name(nvmlDeviceGetHandleByIndex, 3),
                   "by_uuid": error_name(nvmlDeviceGetHandleByUUID, nvmlDeviceGetUUID(nvmlDeviceGetHandleByIndex(2))),
                   "others": [gpu(i)["used"] for i in (0, 1, 2, 4, 5, 6, 7)]}
-    """)
+    """,
+    )
     assert res == {"count": 8, "lost": "NVMLError_GpuIsLost", "by_uuid": None, "others": [0] * 7}
     r = smi(node, "--query-gpu=index,memory.used", "--format=csv,noheader")
     assert r.returncode == 15
-    assert r.stdout.splitlines() == ["0, 0 MiB", "1, 0 MiB", "2, 0 MiB",
-                                     "Unable to determine the device handle for GPU3: GPU is lost.  "
-                                     "Reboot the system to recover this GPU", "4, 0 MiB", "5, 0 MiB", "6, 0 MiB",
-                                     "7, 0 MiB"]
+    assert r.stdout.splitlines() == [
+        "0, 0 MiB",
+        "1, 0 MiB",
+        "2, 0 MiB",
+        "Unable to determine the device handle for GPU3: GPU is lost.  Reboot the system to recover this GPU",
+        "4, 0 MiB",
+        "5, 0 MiB",
+        "6, 0 MiB",
+        "7, 0 MiB",
+    ]
 
 
 def test_gpu_lost_at_runtime_breaks_existing_handles(node, live) -> None:
     h3, h0 = live.nvmlDeviceGetHandleByIndex(3), live.nvmlDeviceGetHandleByIndex(0)
     assert live.nvmlDeviceGetName(h3) == "NVIDIA H200"
     node.set_fault(lost=[3])
-    for call in (live.nvmlDeviceGetName, live.nvmlDeviceGetMemoryInfo, live.nvmlDeviceGetComputeRunningProcesses,
-                 live.nvmlDeviceGetUUID, live.nvmlDeviceGetPciInfo, live.nvmlDeviceGetMigMode):
+    for call in (
+        live.nvmlDeviceGetName,
+        live.nvmlDeviceGetMemoryInfo,
+        live.nvmlDeviceGetComputeRunningProcesses,
+        live.nvmlDeviceGetUUID,
+        live.nvmlDeviceGetPciInfo,
+        live.nvmlDeviceGetMigMode,
+    ):
         with pytest.raises(live.NVMLError_GpuIsLost):
             call(h3)
     with pytest.raises(live.NVMLError_GpuIsLost):
@@ -109,8 +125,7 @@ def test_gpu_lost_at_runtime_breaks_existing_handles(node, live) -> None:
 # 4 -------------------------------------------------------------- timeouts
 def test_timeout_for_named_functions_on_one_gpu(node, live) -> None:
     h0, h1 = live.nvmlDeviceGetHandleByIndex(0), live.nvmlDeviceGetHandleByIndex(1)
-    node.set_fault(timeout={"functions": ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses_v3"],
-                            "gpus": [1]})
+    node.set_fault(timeout={"functions": ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses_v3"], "gpus": [1]})
     with pytest.raises(live.NVMLError_Timeout):
         live.nvmlDeviceGetMemoryInfo(h1)  # the unversioned name covers v1 ...
     with pytest.raises(live.NVMLError_Timeout):
@@ -123,8 +138,7 @@ def test_timeout_for_named_functions_on_one_gpu(node, live) -> None:
 
 
 def test_timeout_with_a_hang_and_on_system_calls(node, live) -> None:
-    node.set_fault(timeout={"functions": ["nvmlSystemGetDriverVersion", "nvmlDeviceGetHandleByIndex"],
-                            "delay_ms": 200})
+    node.set_fault(timeout={"functions": ["nvmlSystemGetDriverVersion", "nvmlDeviceGetHandleByIndex"], "delay_ms": 200})
     t0 = time.monotonic()
     with pytest.raises(live.NVMLError_Timeout):
         live.nvmlSystemGetDriverVersion()
@@ -138,13 +152,16 @@ def test_timeout_with_a_hang_and_on_system_calls(node, live) -> None:
 # 5 -------------------------------------------------------------- orphaned context, recovery action
 def test_orphaned_context_holds_memory_without_any_process(node, nvml) -> None:
     node.set_fault(orphan={2: 8000})
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         nvmlInit()
         def action(i):
             v = nvmlDeviceGetFieldValues(nvmlDeviceGetHandleByIndex(i), [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
             return [v.nvmlReturn, v.valueType, v.value.uiVal]
         result = {"g2": gpu(2), "g3": gpu(3), "a2": action(2), "a3": action(3)}
-    """)
+    """,
+    )
     assert res["g2"]["used"] == 8000 and res["g2"]["v1_used"] == 8615 and res["g2"]["procs"] == []
     assert res["g3"]["used"] == 0
     assert res["a2"] == [0, 1, 1]  # NVML_GPU_RECOVERY_ACTION_GPU_RESET, unsigned int
@@ -158,8 +175,7 @@ def test_orphaned_context_holds_memory_without_any_process(node, nvml) -> None:
 
 def test_recovery_action_alone(node, live) -> None:
     node.set_fault(recovery_action={4: 2, 5: 1})
-    vals = [live.nvmlDeviceGetFieldValues(live.nvmlDeviceGetHandleByIndex(i), [230])[0].value.uiVal
-            for i in range(8)]
+    vals = [live.nvmlDeviceGetFieldValues(live.nvmlDeviceGetHandleByIndex(i), [230])[0].value.uiVal for i in range(8)]
     assert vals == [0, 0, 0, 0, 2, 1, 0, 0]
     assert live.nvmlDeviceGetMemoryInfo(live.nvmlDeviceGetHandleByIndex(4), version=live.nvmlMemory_v2).used == 0
     node.set_fault(orphan={4: 100}, recovery_action={4: None})  # back to the orphan's default
@@ -224,8 +240,7 @@ def test_memory_not_available_per_process(node, live) -> None:
 
 
 def test_clear_faults_and_bad_fault_names(node, nvml) -> None:
-    node.set_fault(lost=[1], orphan={0: 10}, legacy_pids=True, process_api="v1", memory_na=True,
-                   timeout=["nvmlDeviceGetName"], init_error="UNKNOWN")
+    node.set_fault(lost=[1], orphan={0: 10}, legacy_pids=True, process_api="v1", memory_na=True, timeout=["nvmlDeviceGetName"], init_error="UNKNOWN")
     node.clear_faults()
     assert node.description.faults == type(node.description.faults)()
     assert len(nvml(node, "result = snapshot()")) == 8

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gpusim import paths
 
 IMPLEMENTED = {
@@ -61,8 +60,7 @@ def test_every_nvml_function_in_the_header_is_exported() -> None:
 
 @pytest.mark.host_safe
 def test_only_the_nvml_api_is_exported() -> None:
-    out = subprocess.run(["nm", "-D", "--defined-only", str(paths.LIBRARY)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["nm", "-D", "--defined-only", str(paths.LIBRARY)], capture_output=True, text=True, check=True).stdout
     symbols = {line.split()[-1] for line in out.splitlines() if line.strip()}
     assert {s for s in symbols if not s.startswith("nvml") and not s.startswith("LIBNVIDIA")} == set()
     assert symbols >= header_functions()
@@ -78,9 +76,9 @@ def test_hand_written_functions_are_exactly_the_modelled_set() -> None:
 def test_build_is_warning_free_with_werror(tmp_path: Path) -> None:
     venv = paths._venv()
     proc = subprocess.run(
-        ["make", "-s", "-j2", "-C", str(paths.SIM_ROOT), f"VENV={venv}", f"BUILD={tmp_path}/b",
-         "CFLAGS=-O2 -Werror"],
-        capture_output=True, text=True,
+        ["make", "-s", "-j2", "-C", str(paths.SIM_ROOT), f"VENV={venv}", f"BUILD={tmp_path}/b", "CFLAGS=-O2 -Werror"],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "warning" not in (proc.stdout + proc.stderr)
@@ -89,7 +87,9 @@ def test_build_is_warning_free_with_werror(tmp_path: Path) -> None:
 
 def test_unimplemented_functions_return_not_supported(node, nvml) -> None:
     stubs = sorted(header_functions() - IMPLEMENTED)
-    res = nvml(node, f"""
+    res = nvml(
+        node,
+        f"""
         L = lib()
         names = {stubs!r}
         before = {{n: getattr(L, n)() for n in names}}
@@ -97,26 +97,36 @@ def test_unimplemented_functions_return_not_supported(node, nvml) -> None:
         after = {{n: getattr(L, n)() for n in names}}
         L.nvmlShutdown()
         result = [before, after]
-    """)
+    """,
+    )
     before, after = res
     assert len(stubs) > 380
     assert set(before.values()) == {1}  # NVML_ERROR_UNINITIALIZED
     assert {n: rc for n, rc in after.items() if rc != 3} == {}  # NVML_ERROR_NOT_SUPPORTED
     # and through pynvml, as the collection would meet it
-    assert nvml(node, """
+    assert (
+        nvml(
+            node,
+            """
         nvmlInit(); h = nvmlDeviceGetHandleByIndex(0)
         result = [error_name(nvmlDeviceGetTemperature, h, 0), error_name(nvmlDeviceGetPowerUsage, h),
                   error_name(nvmlDeviceGetUtilizationRates, h)]
-    """) == ["NVMLError_NotSupported"] * 3
+    """,
+        )
+        == ["NVMLError_NotSupported"] * 3
+    )
 
 
 def test_error_strings_cover_every_code(node, nvml) -> None:
     codes = header_error_codes()
-    res = nvml(node, f"""
+    res = nvml(
+        node,
+        f"""
         L = lib(); L.nvmlErrorString.restype = ctypes.c_char_p
         result = {{name: L.nvmlErrorString(code).decode() for name, code in {codes!r}.items()}}
         result["bogus"] = L.nvmlErrorString(12345).decode()
-    """)
+    """,
+    )
     assert all(res[name] for name in codes)
     assert res["NVML_ERROR_GPU_IS_LOST"] == "GPU is lost"
     assert res["NVML_ERROR_DRIVER_NOT_LOADED"] == "Driver Not Loaded"
@@ -131,13 +141,19 @@ def test_init_fails_as_driver_not_loaded_without_a_node(node, nvml, tmp_path) ->
     assert nvml(node, code, env={"GPUSIM_STATE": str(tmp_path / "nothing")}) == "NVMLError_DriverNotLoaded"
     env = {k: v for k, v in os.environ.items() if k != "GPUSIM_STATE"}
     env["LD_LIBRARY_PATH"] = node.env()["LD_LIBRARY_PATH"]
-    proc = subprocess.run([sys.executable, "-c", "import pynvml\ntry: pynvml.nvmlInit()\nexcept pynvml.NVMLError as e:"
-                           " print(type(e).__name__)"], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pynvml\ntry: pynvml.nvmlInit()\nexcept pynvml.NVMLError as e: print(type(e).__name__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.stdout.strip() == "NVMLError_DriverNotLoaded"
 
 
 def test_uninitialized_and_reference_counted_init(node, nvml) -> None:
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         L = lib(); c = ctypes.c_uint(); h = ctypes.c_void_p()
         r = {"before": [L.nvmlDeviceGetCount_v2(ctypes.byref(c)), L.nvmlShutdown(),
                         L.nvmlSystemGetDriverVersion(ctypes.create_string_buffer(80), 80)]}
@@ -150,7 +166,8 @@ def test_uninitialized_and_reference_counted_init(node, nvml) -> None:
         r["after"] = [L.nvmlDeviceGetCount_v2(ctypes.byref(c)), L.nvmlShutdown()]
         r["fds_closed"] = fds()
         result = r
-    """)
+    """,
+    )
     assert res["before"] == [1, 1, 1]
     assert res["init"] == [0, 0, 0]
     assert res["fds_open"] == ["nvidia-uvm", "nvidia0", "nvidiactl"]
@@ -162,7 +179,9 @@ def test_uninitialized_and_reference_counted_init(node, nvml) -> None:
 
 
 def test_null_pointers_are_invalid_arguments(node, nvml) -> None:
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         L = lib(); assert L.nvmlInit_v2() == 0
         h = ctypes.c_void_p(); assert L.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
         N = None
@@ -198,10 +217,11 @@ def test_null_pointers_are_invalid_arguments(node, nvml) -> None:
             "ShortName": L.nvmlDeviceGetName(h, ctypes.create_string_buffer(4), 4),
         }
         result = calls
-    """)
+    """,
+    )
     short = res.pop("ShortName")
     assert short == 7  # NVML_ERROR_INSUFFICIENT_SIZE
-    assert res == {k: 2 for k in res}  # NVML_ERROR_INVALID_ARGUMENT
+    assert res == dict.fromkeys(res, 2)  # NVML_ERROR_INVALID_ARGUMENT
 
 
 def test_idle_default_node(node, nvml) -> None:
@@ -218,14 +238,19 @@ def test_idle_default_node(node, nvml) -> None:
 
 
 def test_memory_v2_checks_the_struct_version(node, nvml) -> None:
-    assert nvml(node, """
+    assert nvml(
+        node,
+        """
         nvmlInit(); h = nvmlDeviceGetHandleByIndex(0)
         result = [error_name(nvmlDeviceGetMemoryInfo, h, 2), nvmlMemory_v2 == ctypes.sizeof(c_nvmlMemory_v2_t) | 2 << 24]
-    """) == ["NVMLError_ArgumentVersionMismatch", True]
+    """,
+    ) == ["NVMLError_ArgumentVersionMismatch", True]
 
 
 def test_identity_versions_and_lookups(node, nvml) -> None:
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         nvmlInit()
         h = nvmlDeviceGetHandleByIndex(2)
         uuid = nvmlDeviceGetUUID(h)
@@ -246,7 +271,8 @@ def test_identity_versions_and_lookups(node, nvml) -> None:
             "self_name": nvmlSystemGetProcessName(os.getpid()),
             "dead_name": error_name(nvmlSystemGetProcessName, 4194300),
         }
-    """)
+    """,
+    )
     assert res["driver"] == "580.159.04" and res["nvml"] == "13.580.159.04"
     assert res["cuda"] == res["cuda_v2"] == 13000
     assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", res["uuid"])
@@ -263,7 +289,9 @@ def test_identity_versions_and_lookups(node, nvml) -> None:
 
 
 def test_an_nvml_client_holds_device_fds_but_no_mappings(node, nvml) -> None:
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         nvmlInit()
         r = {"init": fds()}
         nvmlDeviceGetHandleByIndex(5)
@@ -273,7 +301,8 @@ def test_an_nvml_client_holds_device_fds_but_no_mappings(node, nvml) -> None:
         nvmlShutdown()
         r["shutdown"] = fds()
         result = r
-    """)
+    """,
+    )
     assert res["init"] == ["nvidia-uvm", "nvidiactl"]
     assert res["handle"] == ["nvidia-uvm", "nvidia5", "nvidiactl"]
     assert res["maps"] == []
@@ -281,9 +310,12 @@ def test_an_nvml_client_holds_device_fds_but_no_mappings(node, nvml) -> None:
 
 
 def test_field_values(node, nvml) -> None:
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         nvmlInit(); h = nvmlDeviceGetHandleByIndex(0)
         v = nvmlDeviceGetFieldValues(h, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, NVML_FI_DEV_MEMORY_TEMP, 230])
         result = [[x.fieldId, x.nvmlReturn, x.valueType, x.value.uiVal, x.timestamp > 0] for x in v]
-    """)
+    """,
+    )
     assert res == [[230, 0, 1, 0, True], [res[1][0], 3, res[1][2], 0, True], [230, 0, 1, 0, True]]

@@ -8,7 +8,6 @@ import sys
 import time
 
 import psutil
-
 from gpusim.procfs import nspid, pidns_inode, state
 from gpusim.sandbox import cgroup2_base
 
@@ -51,8 +50,7 @@ def test_legacy_pids_report_the_host_pid_inside_a_namespace(node, nvml) -> None:
 
 def test_the_sandbox_has_its_own_proc_and_a_reaping_init(node) -> None:
     sb = node.sandbox()
-    out = sb.run(["sh", "-c", "ls /proc | grep -E '^[0-9]+$' | sort -n | head -1; cat /proc/1/cmdline"],
-                 capture_output=True, text=True)
+    out = sb.run(["sh", "-c", "ls /proc | grep -E '^[0-9]+$' | sort -n | head -1; cat /proc/1/cmdline"], capture_output=True, text=True)
     first, init_cmd = out.stdout.split("\n", 1)
     assert first == "1" and "_sbinit.py" in init_cmd
     w = sb.spawn_worker(gpus=[4], mib=1000, fork_child=True)
@@ -72,8 +70,9 @@ def test_run_and_popen_environment(node) -> None:
     code = "import os; print(os.environ['GPUSIM_STATE'], os.environ.get('LD_LIBRARY_PATH', ''), os.getcwd())"
     out = sb.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == str(node.state_dir) and str(node.lib_dir) in out[1] and out[2] == os.getcwd()
-    out = sb.run([sys.executable, "-c", code], include_library=False, env={"GPUSIM_STATE": "/x"}, cwd="/tmp",
-                 capture_output=True, text=True, check=True).stdout.split()
+    out = sb.run(
+        [sys.executable, "-c", code], include_library=False, env={"GPUSIM_STATE": "/x"}, cwd="/tmp", capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[0] == "/x" and out[-1] == "/tmp" and str(node.lib_dir) not in " ".join(out[1:-1])
     p = sb.popen(["sh", "-c", "echo $$; exec cat /proc/self/status"], stdout=-1, text=True)
     out = p.communicate(timeout=5)[0]
@@ -94,11 +93,9 @@ def test_vmid_sandbox_looks_like_a_proxmox_container(node, tmp_path) -> None:
             with open(f"/proc/{pid}/cgroup") as f:
                 assert "0::/lxc/129\n" in f.read()
     entry = sb.register_pct(tmp_path / "pct", node_name="pve1")
-    assert json.loads(entry.read_text()) == {"vmid": 129, "status": "running", "pid": sb.init_pid, "node": "pve1",
-                                             "hostname": "ct129"}
+    assert json.loads(entry.read_text()) == {"vmid": 129, "status": "running", "pid": sb.init_pid, "node": "pve1", "hostname": "ct129"}
     sb.stop()
-    assert json.loads(entry.read_text()) == {"vmid": 129, "status": "stopped", "pid": None, "node": "pve1",
-                                             "hostname": "ct129"}
+    assert json.loads(entry.read_text()) == {"vmid": 129, "status": "stopped", "pid": None, "node": "pve1", "hostname": "ct129"}
     if base is not None:
         assert not (base / "lxc" / "129").exists()
 
@@ -120,9 +117,13 @@ def test_sandboxed_workers_are_orphans_of_the_init_and_report_their_status(node)
 
 def test_stopping_a_sandbox_ends_everything_inside(node) -> None:
     sb = node.sandbox(vmid=131, cgroup=False)
-    ws = [sb.spawn_worker(gpus=[0], mib=1000), sb.spawn_worker(gpus=[1], mib=1000, stop=True),
-          sb.spawn_worker(gpus=[2], mib=1000, ignore_term=True), sb.spawn_worker(gpus=[3], mib=1000, fork_child=True),
-          sb.spawn_daemon("nvidia-persistenced")]
+    ws = [
+        sb.spawn_worker(gpus=[0], mib=1000),
+        sb.spawn_worker(gpus=[1], mib=1000, stop=True),
+        sb.spawn_worker(gpus=[2], mib=1000, ignore_term=True),
+        sb.spawn_worker(gpus=[3], mib=1000, fork_child=True),
+        sb.spawn_daemon("nvidia-persistenced"),
+    ]
     inside = [w.pid for w in ws if w.alive()] + [ws[3].child_pid, sb.init_pid]
     sb.stop()
     assert not any(psutil.pid_exists(p) for p in inside)

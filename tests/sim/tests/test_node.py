@@ -11,7 +11,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from gpusim import Node, paths
 from gpusim.procfs import daemon_running
 
@@ -33,8 +32,9 @@ def test_stop_leaves_no_process_behind(node) -> None:
         sb.spawn_daemon("dcgm-exporter"),
     ]
     # a worker started behind the node's back (as the CLI or a test script would)
-    stray = subprocess.Popen([str(paths.WORKER), "--gpu", "6", "--mib", "10", "--fork-child"],
-                             env={**os.environ, **node.env()}, stdout=subprocess.PIPE, start_new_session=True)
+    stray = subprocess.Popen(
+        [str(paths.WORKER), "--gpu", "6", "--mib", "10", "--fork-child"], env={**os.environ, **node.env()}, stdout=subprocess.PIPE, start_new_session=True
+    )
     assert stray.stdout is not None
     stray_child = int(stray.stdout.readline())
     stray.wait()
@@ -57,8 +57,15 @@ def test_context_manager_and_explicit_path(tmp_path) -> None:
         assert n.dev_dir == tmp_path / "n" / "dev"
         assert sorted(p.name for p in n.dev_dir.iterdir()) == ["nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]
         assert all(p.stat().st_size >= 4096 for p in n.dev_dir.iterdir())
-        assert n.memory(1) == {"used_mib": 0, "reserved_mib": 500, "total_mib": 81559, "free_mib": 81059,
-                               "contexts_mib": 0, "orphan_mib": 0, "v1_used_mib": 500}
+        assert n.memory(1) == {
+            "used_mib": 0,
+            "reserved_mib": 500,
+            "total_mib": 81559,
+            "free_mib": 81059,
+            "contexts_mib": 0,
+            "orphan_mib": 0,
+            "v1_used_mib": 500,
+        }
         assert n.gpus[1].name == "NVIDIA H100 80GB HBM3"
         assert daemon_running(n.state_dir)
     assert (tmp_path / "n").exists()  # not ours to remove
@@ -103,7 +110,9 @@ def test_starting_8_workers_takes_under_a_second(node) -> None:
 def test_full_query_of_8_gpus_costs_under_5_ms(node, nvml) -> None:
     for i in range(8):
         node.spawn_worker(gpus=[i], mib=1000)
-    per_query = nvml(node, """
+    per_query = nvml(
+        node,
+        """
         nvmlInit()
         hs = [nvmlDeviceGetHandleByIndex(i) for i in range(nvmlDeviceGetCount())]
         def query():
@@ -116,7 +125,8 @@ def test_full_query_of_8_gpus_costs_under_5_ms(node, nvml) -> None:
             t0 = time.perf_counter(); query(); samples.append(time.perf_counter() - t0)
         samples.sort()
         result = samples[len(samples) // 2]
-    """)
+    """,
+    )
     assert per_query < 0.005, per_query
 
 
@@ -133,8 +143,7 @@ def test_cli_start_status_fault_worker_stop(tmp_path: Path) -> None:
     env = {**os.environ, **{k: shlex.split(v)[0] for k, v in exports.items()}}
     assert env["GPUSIM_STATE"] == str(state) and str(paths.LIB_DIR) in env["LD_LIBRARY_PATH"]
     assert daemon_running(state)
-    w = subprocess.Popen([GPUSIM, "worker", "--gpu", "2", "--mib", "3000", "--title", "VLLM::Worker_TP1"],
-                         env=env, start_new_session=True)
+    w = subprocess.Popen([GPUSIM, "worker", "--gpu", "2", "--mib", "3000", "--title", "VLLM::Worker_TP1"], env=env, start_new_session=True)
     deadline = time.monotonic() + 5
     while not json.loads(gpusim("status", "--json", env=env).stdout)["gpus"][2]["contexts"]:
         assert time.monotonic() < deadline
@@ -142,8 +151,9 @@ def test_cli_start_status_fault_worker_stop(tmp_path: Path) -> None:
     data = json.loads(gpusim("status", "--state", str(state), "--json").stdout)
     assert [g["used_mib"] for g in data["gpus"]] == [0, 0, 3000, 0]
     assert data["gpus"][2]["contexts"][0]["pid"] == w.pid and data["daemon_running"] is True
-    assert gpusim("fault", "--state", str(state), "lost=3", "orphan=1:500", "timeout=nvmlDeviceGetName",
-                  "timeout_gpus=0", "release_delay_ms=150").returncode == 0
+    assert (
+        gpusim("fault", "--state", str(state), "lost=3", "orphan=1:500", "timeout=nvmlDeviceGetName", "timeout_gpus=0", "release_delay_ms=150").returncode == 0
+    )
     text = gpusim("status", "--state", str(state)).stdout
     assert "lost=[3]" in text and "orphaned 500 MiB" in text and "release 150 ms" in text
     assert "#1 pid" in text and "3000 MiB live" in text

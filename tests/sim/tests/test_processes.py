@@ -7,7 +7,6 @@ import signal
 import time
 
 import pytest
-
 from gpusim import WorkerError
 from gpusim.procfs import state
 
@@ -44,8 +43,15 @@ def test_worker_holds_memory_on_its_gpu_only(node, nvml) -> None:
     # like a CUDA process: fds AND mappings of nvidia3, nvidiactl, nvidia-uvm
     assert dev_fds(w.pid) == {"nvidia3", "nvidiactl", "nvidia-uvm"}
     assert dev_maps(w.pid) == {"nvidia3", "nvidiactl", "nvidia-uvm"}
-    assert node.memory(3) == {"used_mib": 20000, "reserved_mib": 615, "total_mib": 143771, "free_mib": 123156,
-                              "contexts_mib": 20000, "orphan_mib": 0, "v1_used_mib": 20615}
+    assert node.memory(3) == {
+        "used_mib": 20000,
+        "reserved_mib": 615,
+        "total_mib": 143771,
+        "free_mib": 123156,
+        "contexts_mib": 20000,
+        "orphan_mib": 0,
+        "v1_used_mib": 20615,
+    }
     [ctx] = node.contexts()
     assert ctx["gpu"] == 3 and ctx["mib"] == 20000 and ctx["pid"] == w.pid and ctx["state"] == "live"
     assert ctx["levels"] == [(os.stat("/proc/self/ns/pid").st_ino, w.pid)]
@@ -53,7 +59,9 @@ def test_worker_holds_memory_on_its_gpu_only(node, nvml) -> None:
 
 def test_every_process_entry_point_and_struct(node, nvml) -> None:
     w = node.spawn_worker(gpus=[0], mib=1500)
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         nvmlInit(); h = nvmlDeviceGetHandleByIndex(0)
         def full(fn): return [[p.pid, p.usedGpuMemory, getattr(p, "gpuInstanceId", None),
                                getattr(p, "computeInstanceId", None)] for p in fn(h)]
@@ -68,7 +76,8 @@ def test_every_process_entry_point_and_struct(node, nvml) -> None:
         L = lib(); n = ctypes.c_uint(4); arr = (V1 * 4)()
         rc = L.nvmlDeviceGetComputeRunningProcesses(h, ctypes.byref(n), arr)
         result["v1"] = [rc, n.value, arr[0].pid, arr[0].usedGpuMemory]
-    """)
+    """,
+    )
     none = 0xFFFFFFFF
     assert res["v3"] == res["v2"] == [[w.pid, 1500 * MIB, none, none]]
     assert res["v1"] == [0, 1, w.pid, 1500 * MIB]
@@ -79,7 +88,9 @@ def test_every_process_entry_point_and_struct(node, nvml) -> None:
 def test_two_call_count_protocol(node, nvml) -> None:
     a = node.spawn_worker(gpus=[0], mib=1000)
     b = node.spawn_worker(gpus=[0], mib=2000)
-    res = nvml(node, """
+    res = nvml(
+        node,
+        """
         L = lib(); L.nvmlInit_v2()
         h0 = ctypes.c_void_p(); h1 = ctypes.c_void_p()
         L.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h0)); L.nvmlDeviceGetHandleByIndex_v2(1, ctypes.byref(h1))
@@ -96,7 +107,8 @@ def test_two_call_count_protocol(node, nvml) -> None:
         n = ctypes.c_uint(0)
         out["graphics"] = [L.nvmlDeviceGetGraphicsRunningProcesses_v3(h0, ctypes.byref(n), None), n.value]
         result = out
-    """)
+    """,
+    )
     assert res["zero_null"] == [7, 2]  # NVML_ERROR_INSUFFICIENT_SIZE, count needed
     assert res["five_null"] == [7, 2]
     assert res["one"] == [7, 2]
@@ -128,7 +140,9 @@ def test_four_processes_dying_together_are_freed_one_by_one(node, nvml) -> None:
 
 def test_teardown_is_serialised_per_gpu_not_per_node(node, nvml) -> None:
     ws = [node.spawn_worker(gpus=[g], mib=1000) for g in (0, 1)]
-    res = nvml(node, f"""
+    res = nvml(
+        node,
+        f"""
         import threading
         nvmlInit(); hs = [nvmlDeviceGetHandleByIndex(g) for g in (0, 1)]
         t0 = time.monotonic()
@@ -140,7 +154,8 @@ def test_teardown_is_serialised_per_gpu_not_per_node(node, nvml) -> None:
                     done[i] = time.monotonic() - t0
             time.sleep(0.0005)
         result = done
-    """)
+    """,
+    )
     assert all(0.08 <= t <= 0.125 for t in res), res
 
 

@@ -13,8 +13,7 @@ UUID0 = "GPU-c0c56364-2f10-dbf9-9d63-0ed44d93c14c"  # seed "gpusim", GPU 0
 
 
 def smi(node: Node, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(paths.NVIDIA_SMI), *args], capture_output=True, text=True,
-                          env={**os.environ, **node.env(), **(env or {})})
+    return subprocess.run([str(paths.NVIDIA_SMI), *args], capture_output=True, text=True, env={**os.environ, **node.env(), **(env or {})})
 
 
 QUERY = "--query-gpu=index,name,uuid,pci.bus_id,memory.used,memory.total,memory.reserved,memory.free"
@@ -24,8 +23,7 @@ def test_query_gpu_csv_like_the_real_one(node) -> None:
     r = smi(node, QUERY, "--format=csv")
     assert r.returncode == 0
     lines = r.stdout.splitlines()
-    assert lines[0] == ("index, name, uuid, pci.bus_id, memory.used [MiB], memory.total [MiB], "
-                        "memory.reserved [MiB], memory.free [MiB]")
+    assert lines[0] == ("index, name, uuid, pci.bus_id, memory.used [MiB], memory.total [MiB], memory.reserved [MiB], memory.free [MiB]")
     assert lines[1] == f"0, NVIDIA H200, {UUID0}, 00000000:18:00.0, 0 MiB, 143771 MiB, 615 MiB, 143156 MiB"
     assert len(lines) == 9
     assert node.gpus[0].uuid == UUID0

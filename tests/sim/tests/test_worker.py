@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import psutil
-
 from gpusim import paths
 
 
@@ -102,9 +101,22 @@ def test_exit_after_ms_ends_the_worker_and_frees_its_memory(node) -> None:
 def test_ready_fd_protocol_and_cli_passthrough(node) -> None:
     r, wfd = os.pipe()
     proc = subprocess.Popen(
-        [str(paths.SIM_ROOT / "bin" / "gpusim"), "worker", "--state", str(node.state_dir), "--gpu", "2",
-         "--mib", "321", "--fork-child", "--ready-fd", str(wfd)],
-        pass_fds=(wfd,), stdout=subprocess.PIPE, start_new_session=True,
+        [
+            str(paths.SIM_ROOT / "bin" / "gpusim"),
+            "worker",
+            "--state",
+            str(node.state_dir),
+            "--gpu",
+            "2",
+            "--mib",
+            "321",
+            "--fork-child",
+            "--ready-fd",
+            str(wfd),
+        ],
+        pass_fds=(wfd,),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
     )
     os.close(wfd)
     with os.fdopen(r) as f:
@@ -121,17 +133,14 @@ def test_ready_fd_protocol_and_cli_passthrough(node) -> None:
 
 
 def test_worker_usage_errors(node) -> None:
-    p = subprocess.run([str(paths.WORKER), "--mib", "lots"], capture_output=True, text=True,
-                       env={**os.environ, **node.env()})
+    p = subprocess.run([str(paths.WORKER), "--mib", "lots"], capture_output=True, text=True, env={**os.environ, **node.env()})
     assert p.returncode == 2 and "--mib" in p.stderr
-    p = subprocess.run([str(paths.WORKER), "--gpu", "0"], capture_output=True, text=True,
-                       env={k: v for k, v in os.environ.items() if k != "GPUSIM_STATE"})
+    p = subprocess.run([str(paths.WORKER), "--gpu", "0"], capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "GPUSIM_STATE"})
     assert p.returncode == 2 and "no state directory" in p.stderr
 
 
 def test_nvml_client_without_library_fails_with_status_3(node) -> None:
     t0 = time.monotonic()
-    p = subprocess.run([str(paths.WORKER), "--nvml"], capture_output=True, text=True,
-                       env={**os.environ, **node.env(include_library=False)})
+    p = subprocess.run([str(paths.WORKER), "--nvml"], capture_output=True, text=True, env={**os.environ, **node.env(include_library=False)})
     assert p.returncode == 3 and "libnvidia-ml.so.1" in p.stderr
     assert time.monotonic() - t0 < 2
