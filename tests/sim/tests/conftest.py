@@ -1,9 +1,9 @@
 """Fixtures for the simulator's self-tests.
 
-Tests that use the ``node`` fixture start, stop and signal real processes, so
-they must run in a private PID namespace:
+The simulator's tests start, stop and signal real processes (they carry the
+``pidns`` marker), so they must run in a private PID namespace:
 ``tests/tools/pidns-run .venv/bin/pytest tests/sim/tests``. Outside one they
-are skipped.
+are skipped, except those marked ``host_safe``.
 """
 
 from __future__ import annotations
@@ -25,16 +25,21 @@ PROBE = Path(__file__).resolve().parent / "nvml_probe.py"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "host_safe: starts no processes that need a private PID namespace")
+    config.addinivalue_line("markers", "pidns: starts and signals processes: only in a private PID namespace")
+    config.addinivalue_line("markers", "host_safe: exempt from the pidns rule (starts nothing that needs it)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests on a node start and signal processes: only in a private PID namespace."""
+    """Tests that start and signal processes (module marker ``pidns``, or any
+    test here using the ``node`` fixture) run only in a private PID namespace."""
     if in_private_pidns():
         return
     skip = pytest.mark.skip(reason="signals processes: run under tests/tools/pidns-run")
-    for item in items:
-        if "node" in getattr(item, "fixturenames", ()) and "host_safe" not in item.keywords:
+    here = Path(__file__).resolve().parent
+    for item in items:  # this hook sees every item of the session: only ours are affected
+        if not Path(str(item.fspath)).resolve().is_relative_to(here) or "host_safe" in item.keywords:
+            continue
+        if "pidns" in item.keywords or "node" in getattr(item, "fixturenames", ()):
             item.add_marker(skip)
 
 

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from gpusim import Node, paths
 
+pytestmark = pytest.mark.pidns
+
 MIB = 1 << 20
 
 

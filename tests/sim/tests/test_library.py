@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from gpusim import paths
 
+pytestmark = pytest.mark.pidns
+
 IMPLEMENTED = {
     "nvmlInit", "nvmlInit_v2", "nvmlInitWithFlags", "nvmlShutdown", "nvmlErrorString",
     "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlSystemGetCudaDriverVersion",

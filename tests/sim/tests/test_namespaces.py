@@ -8,8 +8,11 @@ import sys
 import time
 
 import psutil
+import pytest
 from gpusim.procfs import nspid, pidns_inode, state
 from gpusim.sandbox import cgroup2_base
+
+pytestmark = pytest.mark.pidns
 
 MIB = 1 << 20
 

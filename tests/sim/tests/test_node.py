@@ -14,6 +14,8 @@ import pytest
 from gpusim import Node, paths
 from gpusim.procfs import daemon_running
 
+pytestmark = pytest.mark.pidns
+
 GPUSIM = str(paths.SIM_ROOT / "bin" / "gpusim")
 
 

@@ -10,6 +10,8 @@ import pytest
 from gpusim import WorkerError
 from gpusim.procfs import state
 
+pytestmark = pytest.mark.pidns
+
 MIB = 1 << 20
 
 

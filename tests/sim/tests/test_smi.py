@@ -7,7 +7,10 @@ import statistics
 import subprocess
 import time
 
+import pytest
 from gpusim import Node, paths
+
+pytestmark = pytest.mark.pidns
 
 UUID0 = "GPU-c0c56364-2f10-dbf9-9d63-0ed44d93c14c"  # seed "gpusim", GPU 0
 

@@ -8,7 +8,10 @@ import subprocess
 import time
 
 import psutil
+import pytest
 from gpusim import paths
+
+pytestmark = pytest.mark.pidns
 
 
 def fds(pid: int) -> set[str]:
