@@ -304,17 +304,21 @@ class Node:
 
     def _make_device(self, name: str) -> None:
         """dev/<name> as a mappable regular file, and the daemon's hard link to
-        it in driver/ (same inode, hence the same locks, but another path)."""
+        it in driver/ (same inode, hence the same locks, but another path).
+        Always a new inode, as after a driver reload: processes left over from
+        an earlier node on this directory keep the old one, and their locks
+        cannot be mistaken for this node's contexts."""
         dev = self.dev_dir / name
-        if not dev.exists():
-            with open(dev, "wb") as f:
-                f.truncate(DEV_FILE_BYTES)
-        os.chmod(dev, 0o666)  # crw-rw-rw- like the real nodes
         link = self.state_dir / "driver" / name
-        if link.exists() and link.stat().st_ino != dev.stat().st_ino:
-            link.unlink()
-        if not link.exists():
-            os.link(dev, link)
+        for old in (dev, link):
+            try:
+                old.unlink()
+            except FileNotFoundError:
+                pass
+        with open(dev, "wb") as f:
+            f.truncate(DEV_FILE_BYTES)
+        os.chmod(dev, 0o666)  # crw-rw-rw- like the real nodes
+        os.link(dev, link)
 
     def _start_daemon(self, detach: bool) -> None:
         r, w = os.pipe()
@@ -512,8 +516,14 @@ class Node:
 
     # ------------------------------------------------------------ observation
     def memory(self, i: int) -> dict[str, int]:
-        """GPU i's memory in MiB straight from the state (no NVML): used_mib (NVML
-        v2 "used"), reserved_mib, total_mib, free_mib, v1_used_mib, contexts_mib, orphan_mib."""
+        """GPU i's memory in MiB straight from the state (no NVML), for assertions:
+        {"used_mib" (NVML v2 "used"), "reserved_mib", "total_mib"}."""
+        m = memory(self.state_dir, self.description, i)
+        return {k: m[k] for k in ("used_mib", "reserved_mib", "total_mib")}
+
+    def memory_info(self, i: int) -> dict[str, int]:
+        """memory() plus free_mib, v1_used_mib (NVML v1 "used", reserved included),
+        contexts_mib and orphan_mib."""
         return memory(self.state_dir, self.description, i)
 
     def contexts(self) -> list[dict[str, Any]]:

@@ -168,7 +168,7 @@ def test_orphaned_context_holds_memory_without_any_process(node, nvml) -> None:
     assert res["g3"]["used"] == 0
     assert res["a2"] == [0, 1, 1]  # NVML_GPU_RECOVERY_ACTION_GPU_RESET, unsigned int
     assert res["a3"] == [0, 1, 0]
-    assert node.memory(2)["used_mib"] == 8000 and node.memory(2)["orphan_mib"] == 8000
+    assert node.memory(2)["used_mib"] == 8000 and node.memory_info(2)["orphan_mib"] == 8000
     assert node.contexts() == []
     # it also takes capacity away
     with pytest.raises(Exception, match="out of memory"):

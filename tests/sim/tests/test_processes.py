@@ -45,7 +45,8 @@ def test_worker_holds_memory_on_its_gpu_only(node, nvml) -> None:
     # like a CUDA process: fds AND mappings of nvidia3, nvidiactl, nvidia-uvm
     assert dev_fds(w.pid) == {"nvidia3", "nvidiactl", "nvidia-uvm"}
     assert dev_maps(w.pid) == {"nvidia3", "nvidiactl", "nvidia-uvm"}
-    assert node.memory(3) == {
+    assert node.memory(3) == {"used_mib": 20000, "reserved_mib": 615, "total_mib": 143771}
+    assert node.memory_info(3) == {
         "used_mib": 20000,
         "reserved_mib": 615,
         "total_mib": 143771,
@@ -243,7 +244,7 @@ def test_out_of_memory_is_refused_like_cuda_malloc(node) -> None:
         node.spawn_worker(gpus=[1], mib=50000)
     assert e.value.returncode == 3 and "out of memory" in str(e.value)
     node.spawn_worker(gpus=[1], mib=143771 - 615 - 100000)  # exactly what is left fits
-    assert node.memory(1)["free_mib"] == 0
+    assert node.memory_info(1)["free_mib"] == 0
 
 
 def test_memory_being_released_still_counts_against_capacity(node) -> None:
