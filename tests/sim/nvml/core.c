@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,7 +171,10 @@ nvmlReturn_t sim_enter_dev(const char *fn, nvmlDevice_t device, const sim_gpu_t 
         return NVML_ERROR_UNINITIALIZED;
     }
     sim_config_refresh();
-    if (device < sim_devices || device >= sim_devices + SIM_MAX_GPUS || device->index >= sim_cfg.gpu_count) {
+    /* A handle is valid only if it is exactly one of ours (never dereference a stranger). */
+    uintptr_t off = (uintptr_t)device - (uintptr_t)sim_devices;
+    if (!device || off >= sizeof sim_devices || off % sizeof sim_devices[0] != 0 ||
+        device->index >= sim_cfg.gpu_count) {
         pthread_mutex_unlock(&sim_mutex);
         return NVML_ERROR_INVALID_ARGUMENT;
     }

@@ -216,6 +216,7 @@ def test_null_pointers_are_invalid_arguments(node, nvml) -> None:
             "ProcName": L.nvmlSystemGetProcessName(1, N, 64),
             "NullHandle": L.nvmlDeviceGetName(N, ctypes.create_string_buffer(96), 96),
             "BogusHandle": L.nvmlDeviceGetName(ctypes.c_void_p(16), ctypes.create_string_buffer(96), 96),
+            "MisalignedHandle": L.nvmlDeviceGetName(ctypes.c_void_p(h.value + 4), ctypes.create_string_buffer(96), 96),
             "ShortName": L.nvmlDeviceGetName(h, ctypes.create_string_buffer(4), 4),
         }
         result = calls
