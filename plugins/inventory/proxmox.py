@@ -4,30 +4,6 @@
 
 from __future__ import annotations
 
-import typing as t
-from dataclasses import dataclass, field
-
-from ansible.errors import AnsibleError, AnsibleParserError
-from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
-
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import (
-    GpuInfo,
-    HostPci,
-    ProxmoxApiError,
-    ProxmoxClient,
-    address_from_interfaces,
-    fetch_all,
-    lxc_gpu,
-    make_unsafe,
-    mapping_devices,
-    parse_tags,
-    pci_vendors,
-    qemu_gpu,
-    qemu_hostpci,
-    static_address,
-    to_bool,
-)
-
 DOCUMENTATION = r"""
 name: proxmox
 short_description: Proxmox VE nodes and guests, GPU-aware, from a few API calls
@@ -208,6 +184,31 @@ compose:
   ansible_user: "'root'"
 """
 
+# validate-modules wants DOCUMENTATION and EXAMPLES before any import.
+import typing as t  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+from ansible.errors import AnsibleError, AnsibleParserError  # noqa: E402
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable  # noqa: E402
+
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import (  # noqa: E402
+    GpuInfo,
+    HostPci,
+    ProxmoxApiError,
+    ProxmoxClient,
+    address_from_interfaces,
+    fetch_all,
+    lxc_gpu,
+    make_unsafe,
+    mapping_devices,
+    parse_tags,
+    pci_vendors,
+    qemu_gpu,
+    qemu_hostpci,
+    static_address,
+    to_bool,
+)
+
 
 @dataclass
 class _Node:
@@ -250,7 +251,7 @@ class _Guest:
         }
 
 
-class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):  # type: ignore[misc]  # ansible ships no type information
     """Proxmox VE inventory with GPU awareness."""
 
     NAME = "gpuops.clean_slate.proxmox"
@@ -327,7 +328,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         for path, answer in fetch_all(client, list(paths), max_workers).items():
             g = paths[path]
             if isinstance(answer, ProxmoxApiError):
-                self._guest_failed(g, nodes, answer)
+                self._guest_failed(g, answer)
             elif isinstance(answer, dict):
                 g.config = answer
             else:
@@ -443,7 +444,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 out.append(g)
         return out
 
-    def _guest_failed(self, g: _Guest, nodes: dict[str, _Node], exc: ProxmoxApiError) -> None:
+    def _guest_failed(self, g: _Guest, exc: ProxmoxApiError) -> None:
         g.config_error = str(exc)
         if exc.unreachable:
             g.unreachable = True

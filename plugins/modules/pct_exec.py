@@ -109,7 +109,8 @@ options:
   node:
     description:
       - Name of the Proxmox VE node the task runs on, as reported in RV(node) and in messages.
-      - By default the name pct reports, else the target of C(/etc/pve/local), else the short host name.
+      - By default the node named by C(/etc/pve/local) (a link to C(nodes/<name>)), else the short host name; when pct
+        names the node in an error message, that name is reported.
     type: str
 requirements:
   - the C(pct) command of Proxmox VE on the target node (root, or passwordless C(sudo) for C(pct))

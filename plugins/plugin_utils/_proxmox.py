@@ -159,7 +159,7 @@ def _matches(path: str, globs: t.Sequence[str]) -> bool:
 
 def _numbered(config: t.Mapping[str, t.Any], pattern: re.Pattern[str]) -> list[tuple[str, t.Any]]:
     keys = [(int(m.group(1)), k) for k in config for m in [pattern.match(k)] if m]
-    return [(k, config[k]) for _, k in sorted(keys)]
+    return [(k, config[k]) for _index, k in sorted(keys)]
 
 
 def _cgroup_device(rule: str) -> tuple[int | None, str | None, bool]:
@@ -182,7 +182,7 @@ def _nvidia_minor_path(minor: str) -> str | None:
 
 
 def _visible_devices_set(assignment: str) -> bool:
-    name, _, value = assignment.partition("=")
+    name, _sep, value = assignment.partition("=")
     return name.strip() == "NVIDIA_VISIBLE_DEVICES" and value.strip().lower() not in ("", "void", "none")
 
 
@@ -230,7 +230,7 @@ def lxc_gpu(config: t.Mapping[str, t.Any], globs: t.Sequence[str] = DEFAULT_GPU_
                 info.add_device(fields[0])
                 info.evidence.append(f"{key}: {value}")
         elif key in ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow"):
-            major, minor, _ = _cgroup_device(value)
+            major, minor, _parsed = _cgroup_device(value)
             if major == NVIDIA_MAJOR and nvidia_globbed:
                 raw_found = True
                 info.evidence.append(f"{key}: {value}")
@@ -373,7 +373,7 @@ def address_from_interfaces(rows: t.Iterable[t.Mapping[str, t.Any]]) -> str | No
 def static_address(config: t.Mapping[str, t.Any], kind: str) -> str | None:
     """A static ``ip=`` from an LXC ``netN`` or a QEMU cloud-init ``ipconfigN`` (not ``dhcp``/``manual``)."""
     pattern = _NET_KEY if kind == "lxc" else _IPCONFIG_KEY
-    for _, value in _numbered(config, pattern):
+    for _key, value in _numbered(config, pattern):
         ip = parse_property_string(str(value)).get("ip", "")
         if ip and ip not in ("dhcp", "manual", "auto"):
             usable = _usable_ip(ip)
