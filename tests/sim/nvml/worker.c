@@ -28,6 +28,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -313,23 +314,30 @@ int main(int argc, char **argv)
     }
 
     if (o.fork_child) {
+        int sync[2];
+        char byte = 0;
         fflush(NULL);
-        child = fork();
-        if (child < 0) {
+        if (pipe2(sync, O_CLOEXEC) < 0 || (child = fork()) < 0) {
             perror("gpusim-worker: fork");
             return 1;
         }
         if (child == 0) {
             /* The child inherits the open device files, hence the contexts. */
+            close(sync[0]);
             if (o.ready_fd >= 0)
                 close(o.ready_fd);
             o.ready_fd = -1;
             if (o.child_title)
                 wk_set_proctitle(o.child_title);
+            close(sync[1]); /* set up: the parent may report ready */
             if (o.stop)
                 raise(SIGSTOP);
             idle(&o);
         }
+        close(sync[1]);
+        while (read(sync[0], &byte, 1) < 0 && errno == EINTR)
+            ;
+        close(sync[0]);
         report_ready(&o, child);
         printf("%d\n", (int)child);
         return 0;

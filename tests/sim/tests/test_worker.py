@@ -98,7 +98,7 @@ def test_protected_daemon_look_alikes(node) -> None:
 def test_exit_after_ms_ends_the_worker_and_frees_its_memory(node) -> None:
     w = node.spawn_worker(gpus=[5], mib=2000, exit_after_ms=200)
     assert w.wait(timeout=2) == 0
-    assert node.wait_clean(timeout=2) < 0.2
+    assert node.wait_clean(timeout=2) < 0.3
 
 
 def test_ready_fd_protocol_and_cli_passthrough(node) -> None:
