@@ -448,8 +448,11 @@ def device_file_gpus(device_dir: str) -> list[Gpu]:
     return [Gpu(index=m, minor=m) for m in minors]
 
 
-def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_dir: str, notes: list[str]) -> tuple[list[Gpu], dict[int, list[GpuProcess]]]:
-    """The selected GPUs and the processes NVML lists on them.
+def gpus_and_processes(
+    selectors: list[int | str], want_processes: bool, device_dir: str, notes: list[str]
+) -> tuple[list[Gpu], list[Gpu], dict[int, list[GpuProcess]]]:
+    """Every GPU, the selected ones, and the processes NVML lists on each GPU (all of them,
+    so that a process can be told to use GPU 0 only although it holds every device file).
 
     Without a working driver the device files still tell which processes hold
     a GPU (ending them is the first step of recovering from a driver/library
@@ -457,25 +460,30 @@ def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_
     """
     if not HAS_PYNVML and not selectors:
         notes.append("nvidia-ml-py is not installed: processes are found through device files and patterns only.")
-        return device_file_gpus(device_dir), {}
+        found = device_file_gpus(device_dir)
+        return found, found, {}
     try:
         with NvmlSession() as session:
-            gpus = select_gpus(session.gpus(), selectors)
+            every = session.gpus()
+            gpus = select_gpus(every, selectors)
             processes: dict[int, list[GpuProcess]] = {}
-            for gpu in gpus:
+            for gpu in every:
                 if gpu.error is not None:
-                    notes.append(f"GPU {gpu.index}: {gpu.error.msg}")
+                    if gpu in gpus:
+                        notes.append(f"GPU {gpu.index}: {gpu.error.msg}")
                     continue
                 if want_processes:
                     try:
                         processes[gpu.index] = session.processes(gpu)
                     except NvmlError as exc:
-                        notes.append(f"GPU {gpu.index}: NVML process list unavailable ({exc.msg}); using device files.")
-            return gpus, processes
+                        if gpu in gpus:
+                            notes.append(f"GPU {gpu.index}: NVML process list unavailable ({exc.msg}); using device files.")
+            return every, gpus, processes
     except CleanSlateError as exc:
         if selectors or exc.reason == "bad_arguments":
             if exc.reason == "bad_arguments":
                 raise
             raise CleanSlateError(f"gpus: selecting GPUs needs NVML, which failed: {exc.msg}", reason=exc.reason) from None
         notes.append(f"NVML unavailable ({exc.msg}); processes are found through device files and patterns only, and GPU indices are device minors.")
-        return device_file_gpus(device_dir), {}
+        found = device_file_gpus(device_dir)
+        return found, found, {}

@@ -140,7 +140,8 @@ class Request:
 
     gpus: list[t.Any]  # _nvml.Gpu of the selected GPUs
     all_gpus: bool
-    nvml_processes: dict[int, list[t.Any]]  # GPU index -> [_nvml.GpuProcess]
+    nvml_processes: dict[int, list[t.Any]]  # GPU index -> [_nvml.GpuProcess], every GPU
+    every_gpu: list[t.Any] = field(default_factory=list)  # _nvml.Gpu of every GPU
     use_nvml: bool = True
     use_device_files: bool = True
     patterns: list[re.Pattern[str]] = field(default_factory=list)
@@ -297,8 +298,16 @@ def discover(req: Request) -> Plan:
         guarded.setdefault(pid, "an ancestor of this module (its interpreter, Ansible, sshd or the become chain)")
     maxpid = _proctable.pid_max()
     facts = {pid: f for pid in _proctable.pids() if (f := read_facts(pid)) is not None}
-    minor_to_index = {g.minor: g.index for g in req.gpus if g.minor is not None}
-    selected = set(minor_to_index)
+    minor_to_index = {g.minor: g.index for g in (req.every_gpu or req.gpus) if g.minor is not None}
+    selected = {g.minor for g in req.gpus if g.minor is not None}
+    # Where NVML lists each process, over every GPU: its word on which GPUs a process uses wins.
+    index_to_minor = {i: m for m, i in minor_to_index.items()}
+    nvml_minors: dict[int, set[int]] = {}
+    if req.use_nvml:
+        for index, procs in req.nvml_processes.items():
+            for proc in procs:
+                if index in index_to_minor:
+                    nvml_minors.setdefault(proc.pid, set()).add(index_to_minor[index])
 
     holders: dict[int, _proctable.Holding] = {}
     unreadable: set[int] = set()
@@ -339,7 +348,7 @@ def discover(req: Request) -> Plan:
     for pid, holding in holders.items():
         if pid not in facts:
             continue
-        mine = holding.minors & selected
+        mine = _proctable.attribute(holding, nvml_minors.get(pid)) & holding.minors & selected
         if mine:
             c = cand(pid)
             c.holding = holding

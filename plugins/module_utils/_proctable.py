@@ -57,6 +57,22 @@ class Holding:
         return out
 
 
+def attribute(holding: Holding, nvml_minors: set[int] | None) -> set[int]:
+    """The GPUs (device minors) a holder actually uses.
+
+    Holding a GPU's device file does not mean using that GPU: the CUDA driver
+    opens the file of every visible GPU when it starts, whichever device the
+    program then uses (seen on an H200 pair). So NVML's word wins for a
+    process it lists; for one it does not list (a forked child), the files it
+    maps count, and only a holder with no maps at all is judged by its open files.
+    """
+    if nvml_minors:
+        return set(nvml_minors)
+    if holding.gpu_maps:
+        return set(holding.gpu_maps)
+    return set(holding.gpu_fds)
+
+
 def pids() -> list[int]:
     """Every process visible in this /proc (thread-group leaders)."""
     return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())

@@ -151,8 +151,14 @@ def _comm(pid: int) -> str | None:
         return None
 
 
-def diagnose(reading: Reading, criteria: Criteria, holders: dict[int, _proctable.Holding], own: set[int]) -> tuple[str, str, list[int]]:
-    """(diagnosis, sentence, pids holding it) for a GPU, using a /proc holder scan."""
+def diagnose(
+    reading: Reading, criteria: Criteria, holders: dict[int, _proctable.Holding], own: set[int], nvml_minors: dict[int, set[int]] | None = None
+) -> tuple[str, str, list[int]]:
+    """(diagnosis, sentence, pids holding it) for a GPU, using a /proc holder scan.
+
+    ``nvml_minors`` says on which GPUs (device minors) NVML lists each pid, so that a
+    process holding every device file is blamed only for the GPUs it uses.
+    """
     clean, terminal = quick_judge(reading, criteria)
     gpu = reading.gpu
     if clean:
@@ -164,7 +170,12 @@ def diagnose(reading: Reading, criteria: Criteria, holders: dict[int, _proctable
             return "unresponsive", f"{reading.error.msg} {ADVICE['unresponsive']}", []
         return "unsupported", reading.error.msg, []
     used = reading.used_mib or 0
-    compute_holders = sorted(pid for pid, h in holders.items() if pid not in own and gpu.minor is not None and gpu.minor in h.minors and h.has_mmaps)
+    listed_on = nvml_minors or {}
+    compute_holders = sorted(
+        pid
+        for pid, h in holders.items()
+        if pid not in own and gpu.minor is not None and h.has_mmaps and gpu.minor in _proctable.attribute(h, listed_on.get(pid)) & h.minors
+    )
     visible_listed = sorted(p.pid for p in reading.processes if os.path.exists(f"/proc/{p.pid}") and p.pid not in own)
     invisible_listed = sorted(p.pid for p in reading.processes if not os.path.exists(f"/proc/{p.pid}"))
     holding = sorted(set(compute_holders) | set(visible_listed))
@@ -238,6 +249,7 @@ def poll_until_clean(
     timeout: float,
     interval: float,
     device_dir: str = "/dev",
+    every_gpu: list[Gpu] | None = None,
     clock: t.Callable[[], float] = time.monotonic,
     sleep: t.Callable[[float], None] = time.sleep,
 ) -> Outcome:
@@ -267,14 +279,22 @@ def poll_until_clean(
         )
     holders: dict[int, _proctable.Holding] = {}
     own = {os.getpid()}
+    nvml_minors: dict[int, set[int]] = {}
     if not all(clean for clean, _terminal in judged):
         # Only a dirty node pays for the /proc scan that names the real holders.
         holders, unreadable = _proctable.scan_device_holders(device_dir)
         if unreadable:
             notes.append(f"{len(unreadable)} process(es) could not be inspected (permission); run with become: true for a complete diagnosis.")
+        for gpu in every_gpu or gpus:
+            if gpu.error is None and gpu.minor is not None:
+                try:
+                    for proc in session.processes(gpu):
+                        nvml_minors.setdefault(proc.pid, set()).add(gpu.minor)
+                except NvmlError:
+                    continue
     reports = []
     for reading, (clean, _terminal) in zip(readings, judged):
-        diagnosis, detail, _pids = diagnose(reading, criteria, holders, own)
+        diagnosis, detail, _pids = diagnose(reading, criteria, holders, own, nvml_minors)
         reports.append(gpu_report(reading, diagnosis, detail, clean))
     return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes)
 

@@ -273,7 +273,9 @@ def run(module: AnsibleModule) -> dict:
         all_gpus = session.gpus()
         selected = _nvml.select_gpus(all_gpus, selectors)
         criteria = _verify.Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
-        outcome = _verify.poll_until_clean(session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"])
+        outcome = _verify.poll_until_clean(
+            session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=all_gpus
+        )
         driver = session.driver_version()
     healthy = sum(1 for g in all_gpus if g.error is None or g.error.reason != "gpu_lost")
     result = {

@@ -336,7 +336,7 @@ def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
         except jmespath.exceptions.JMESPathError as exc:
             raise CleanSlateError(f"where: {p['where']!r} is not a valid JMESPath expression: {exc}", reason="bad_arguments") from None
 
-    gpus, processes = _nvml.gpus_and_processes(selectors, "nvml" in p["discovery"], p["device_dir"], notes)
+    every, gpus, processes = _nvml.gpus_and_processes(selectors, "nvml" in p["discovery"], p["device_dir"], notes)
     scopes = []
     if p["containers"]:
         pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
@@ -346,6 +346,7 @@ def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
         gpus=gpus,
         all_gpus=not selectors,
         nvml_processes=processes,
+        every_gpu=every,
         use_nvml="nvml" in p["discovery"],
         use_device_files="device_files" in p["discovery"],
         patterns=patterns,

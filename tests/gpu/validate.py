@@ -251,6 +251,8 @@ class Harness:
     def __init__(self, backend: t.Any, ansible: Ansible, tmp: Path) -> None:
         self.b, self.a, self.tmp = backend, ansible, tmp
         self.checks: list[tuple[str, bool, str]] = []
+        self.breakdown: dict[str, list[dict[str, float]]] = {}
+        self.holdings: dict[str, t.Any] = {}
         self.baseline = [g["used"] for g in backend.read()]
 
     def check(self, name: str, ok: bool, detail: str = "") -> bool:
@@ -291,8 +293,23 @@ class Harness:
         self.cleanup(procs)
         return took
 
+    def record_holdings(self, name: str, procs: list[Proc]) -> None:
+        """Which device files each workload holds and maps, per pid (what discovery sees)."""
+        sys.path[:0] = [str(self.a.collections)]
+        from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable  # the collection's own scanner
+
+        pids = [pid for p in procs for pid in p.pids() if _alive(pid)]
+        holders, _unreadable = _proctable.scan_device_holders(self.b.device_dir, only=pids)
+        self.holdings[name] = {
+            str(pid): {"gpu_fds": sorted(h.gpu_fds), "gpu_maps": sorted(h.gpu_maps), "other_fds": sorted(h.other_fds), "other_maps": sorted(h.other_maps)}
+            for pid, h in holders.items()
+        }
+        print(f"    device files held: {self.holdings[name]}", flush=True)
+
     def module(self, name: str, specs: list[Spec], mgmt: Proc) -> float:
         procs = self.b.spawn(specs)
+        if name not in self.holdings:
+            self.record_holdings(name, [*procs, mgmt])
         kill_task = {
             "name": "kill",
             "gpuops.clean_slate.gpu_procs_kill": {"grace_period": GRACE, "kill_timeout": 10, "device_dir": self.b.device_dir},
@@ -303,7 +320,17 @@ class Harness:
         took = float("nan")
         if ok:
             k, v = task(records, "kill"), task(records, "verify")
-            took = (v["time"] - v["result"]["elapsed_s"] + v["result"]["time_to_clean_s"]) - (k["time"] - k["result"]["elapsed_s"])
+            kill_start = k["time"] - k["result"]["elapsed_s"]
+            verify_start = v["time"] - v["result"]["elapsed_s"]
+            took = verify_start + v["result"]["time_to_clean_s"] - kill_start
+            self.breakdown.setdefault(name, []).append(
+                {
+                    "kill_module_s": k["result"]["elapsed_s"],
+                    "handover_s": verify_start - k["time"],
+                    "verify_time_to_clean_s": v["result"]["time_to_clean_s"],
+                    "kill_result_to_controller_s": k["time"] - kill_start - k["result"]["elapsed_s"],
+                }
+            )
             ended = {x["pid"] for x in k["result"]["targets"]}
             self.check(f"{name}: every workload ended", not any(p.alive() for p in procs), str(ended))
             self.check(f"{name}: every GPU clean, v2 used <= 64 MiB", v["result"]["clean"] and all(g["used_mib"] <= 64 for g in v["result"]["gpus"]))
@@ -399,7 +426,8 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
         print(f"goal {'met' if met else 'NOT met'}: {goal}")
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"gpu-{backend.name}.json").write_text(json.dumps({"info": info, "rows": rows, "checks": h.checks, "goals": goals}, indent=2))
+        data = {"info": info, "rows": rows, "checks": h.checks, "goals": goals, "breakdown": h.breakdown, "holdings": h.holdings}
+        (out_dir / f"gpu-{backend.name}.json").write_text(json.dumps(data, indent=2))
         (out_dir / f"gpu-{backend.name}.md").write_text(table + "\n")
     return 1 if failed else 0
 

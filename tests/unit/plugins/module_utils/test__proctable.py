@@ -172,3 +172,15 @@ def test_kernel_threads_are_recognised_by_their_flag() -> None:
     assert _proctable.is_kernel_thread(2) == bool(st["flags"] & _proctable.PF_KTHREAD)
     if _proctable.in_initial_pidns():
         assert _proctable.is_kernel_thread(2)
+
+
+def test_attribution_prefers_nvml_then_maps_then_fds() -> None:
+    # CUDA opens every visible GPU's device file; only some of them are really used.
+    torch_like = _proctable.Holding(gpu_fds={0, 1}, gpu_maps={0}, other_fds={"nvidiactl"}, other_maps={"nvidiactl"})
+    assert _proctable.attribute(torch_like, {0}) == {0}
+    assert _proctable.attribute(torch_like, None) == {0}
+    every_map = _proctable.Holding(gpu_fds={0, 1}, gpu_maps={0, 1})
+    assert _proctable.attribute(every_map, {1}) == {1}
+    assert _proctable.attribute(every_map, None) == {0, 1}
+    nvml_client = _proctable.Holding(gpu_fds={0, 1}, other_fds={"nvidiactl"})
+    assert _proctable.attribute(nvml_client, None) == {0, 1}
