@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import assert_no_traceback, wait_for
+from support.modules import assert_no_traceback, wait_for
 
 
 def test_idle_h200_reads_clean_not_615_mib_dirty(mod) -> None:

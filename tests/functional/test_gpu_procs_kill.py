@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import ModuleRunner, assert_no_traceback, wait_for
+from support.modules import ModuleRunner, assert_no_traceback, wait_for
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
 FAST = {"grace_period": 2, "kill_timeout": 2}

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _proctable, _signals
 
 
 def spawn_sleeper() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Until the child has exec'd, its command line is still the parent's.
+    for _ in range(500):
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+            if b"time.sleep(60)" in fh.read():
+                break
+        time.sleep(0.005)
+    return proc
 
 
 def spawn_unrelated() -> subprocess.Popen:
