@@ -251,7 +251,7 @@ class _Guest:
         }
 
 
-class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):  # type: ignore[misc]  # ansible ships no type information
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     """Proxmox VE inventory with GPU awareness."""
 
     NAME = "gpuops.clean_slate.proxmox"

@@ -381,7 +381,7 @@ def run(module: AnsibleModule) -> dict:
         if v.outcome == "unkillable":
             rec.update(state=v.state, wchan=v.wchan)
         targets.append(rec)
-    counts = {k: sum(1 for x in targets if x["outcome"] == k) for k in ("terminated", "killed", "vanished", "unkillable")}
+    counts: dict = {k: sum(1 for x in targets if x["outcome"] == k) for k in ("terminated", "killed", "vanished", "unkillable")}
     signals: dict = {}
     for x in targets:
         for s in x["signals_sent"]:

@@ -127,7 +127,7 @@ EXAMPLES = r"""
 - name: List the GPUs a container sees
   gpuops.clean_slate.pct_exec:
     vmid: 129
-    argv: [nvidia-smi, --query-gpu=index,memory.used, --format=csv,noheader]
+    argv: [nvidia-smi, "--query-gpu=index,memory.used", "--format=csv,noheader"]
   delegate_to: "{{ proxmox_node_host }}"
 
 - name: Run a pipeline through the container's shell, with a time limit
