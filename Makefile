@@ -18,7 +18,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(ROOT)
 export PATH := $(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all setup test demo sanity units functional lab lint docs build changelog ee bench gpu-bundle clean distclean
+.PHONY: all setup test demo sanity units functional lab lint docs build bench clean distclean
 
 all: setup
 
@@ -57,12 +57,12 @@ test: setup
 sanity: setup
 	@tests/tools/sanity
 
+# Tests that signal real processes run in a private PID namespace.
 units: setup
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
-# Functional tests signal real processes: they run in a private PID namespace.
 functional: setup
-	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/functional $(PYTEST_ARGS)
+	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/functional tests/sim/tests $(PYTEST_ARGS)
 
 lab: setup
 	$(BIN)/pytest -q -p no:cacheprovider tests/lab $(PYTEST_ARGS)
@@ -76,8 +76,9 @@ docs: setup
 build: setup
 	@tests/tools/build-artifact
 
+# Benchmarks print tables; they are not tests (make test does not run them).
 bench: setup
-	tests/tools/pidns-run $(PY) tests/bench/kill_verify.py
+	$(PY) tests/bench/kill_verify.py
 	$(PY) tests/bench/inventory.py
 	tests/tools/pidns-run $(PY) tests/bench/role.py
 

@@ -96,7 +96,7 @@ def gpu_found(inv: dict, truth: set[int]) -> tuple[int, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--guests", type=int, default=300, help="guests per node")
     ap.add_argument("--latency-ms", type=float, default=20.0)

@@ -144,9 +144,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpuops-bench-") as tmpdir:
         tmp = Path(tmpdir)
         for scenario in ("plain", "messy"):
-            floor = statistics.median(run_floor(scenario) for _ in range(args.repeat))
-            ours = [run_ours(scenario) for _ in range(args.repeat)]
-            pipe = [run_pipeline(scenario, tmp) for _ in range(args.repeat)]
+            floor = statistics.median(run_floor(scenario) for _unused in range(args.repeat))
+            ours = [run_ours(scenario) for _unused in range(args.repeat)]
+            pipe = [run_pipeline(scenario, tmp) for _unused in range(args.repeat)]
             rows.append(
                 {
                     "scenario": scenario,

@@ -60,7 +60,7 @@ def test_request_count_is_two_plus_configs_fetched(sim, tmp_path):
     source.write_text("plugin: gpuops.clean_slate.proxmox\ninclude_types: [lxc]\nwant_interfaces: false\n")
     sim.reset_counter()
     inv = inventory_list(source, sim.env())
-    paths = [p for _, p in sim.requests]
+    paths = [p for _unused, p in sim.requests]
     configs = [p for p in paths if p.endswith("/config")]
     assert sim.request_count == 2 + len(configs)
     # one config per selected container on an online node: pve1's eight non-template ones and 204 on pve2
@@ -71,7 +71,7 @@ def test_request_count_is_two_plus_configs_fetched(sim, tmp_path):
 def test_full_request_count_formula(sim):
     sim.reset_counter()
     inventory_list(CLUSTER_SOURCE, sim.env())
-    paths = [p.replace("/api2/json", "") for _, p in sim.requests]
+    paths = [p.replace("/api2/json", "") for _unused, p in sim.requests]
     configs = sum(p.endswith("/config") for p in paths)
     interfaces = sum(p.endswith("/interfaces") for p in paths)
     pci = sum(p.endswith("/hardware/pci") for p in paths)
@@ -95,7 +95,7 @@ def test_bad_token_fails_with_a_clear_message_and_never_shows_the_secret(sim):
 
 
 def test_good_token_never_appears_in_verbose_output(sim):
-    _, secret = sim.token
+    _unused, secret = sim.token
     proc = ansible_inventory(CLUSTER_SOURCE, sim.env(), "--list", "-vvvv")
     assert proc.returncode == 0, proc.stderr
     assert secret not in proc.stdout + proc.stderr

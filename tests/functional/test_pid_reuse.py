@@ -14,7 +14,7 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, 
 def spawn_sleeper() -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     # Until the child has exec'd, its command line is still the parent's.
-    for _ in range(500):
+    for _unused in range(500):
         with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
             if b"time.sleep(60)" in fh.read():
                 break

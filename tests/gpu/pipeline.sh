@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # The hand-run pipeline from the developers' guide, timed, inside whatever PID
 # namespace this script is started in (validate.py starts it under
 # `unshare --pid --fork --mount-proc`, so that `grep python3 | kill -9` and

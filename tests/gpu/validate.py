@@ -42,7 +42,7 @@ MIB = 1 << 20
 Spec = t.Dict[str, t.Any]
 SCENARIOS: list[tuple[str, list[Spec]]] = [
     ("plain 20 GiB", [{"gpu": 0, "gib": 20}]),
-    ("4 workers, 1 GPU", [{"gpu": 0, "gib": 8} for _ in range(4)]),
+    ("4 workers, 1 GPU", [{"gpu": 0, "gib": 8} for _unused in range(4)]),
     ("renamed sglang::scheduler_TP0", [{"gpu": 0, "gib": 8, "title": "sglang::scheduler_TP0"}]),
     ("forked child, parent dead", [{"gpu": 0, "gib": 8, "fork_child": True}]),
     ("ignores SIGTERM", [{"gpu": 0, "gib": 8, "ignore_term": True}]),
@@ -399,8 +399,8 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
         rows = []
         for name, specs in scenarios:
             print(f"scenario: {name}", flush=True)
-            floor = statistics.median(h.floor(specs) for _ in range(repeat))
-            module = statistics.median(h.module(name, specs, mgmt) for _ in range(repeat))
+            floor = statistics.median(h.floor(specs) for _unused in range(repeat))
+            module = statistics.median(h.module(name, specs, mgmt) for _unused in range(repeat))
             playbook = h.playbook(name, specs)
             pipe, pipe_clean, _ran = h.pipeline(name, specs)
             rows.append({"scenario": name, "floor": floor, "module": module, "playbook": playbook, "pipeline": pipe, "pipeline_clean": pipe_clean})

@@ -113,7 +113,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("faults: " + ", ".join(f"{k}={v}" for k, v in data["faults"].items()))
     print(f"{'GPU':>3}  {'used MiB':>9}  {'reserved':>8}  {'total':>7}  contexts")
     for g in data["gpus"]:
-        ctx = ", ".join(f"#{c['id']} pid {'/'.join(str(p) for _, p in c['levels']) or c['pid']} {c['mib']} MiB {c['state']}" for c in g["contexts"])
+        ctx = ", ".join(f"#{c['id']} pid {'/'.join(str(p) for _ns, p in c['levels']) or c['pid']} {c['mib']} MiB {c['state']}" for c in g["contexts"])
         if g["orphan_mib"]:
             ctx = (ctx + ", " if ctx else "") + f"orphaned {g['orphan_mib']} MiB"
         print(f"{g['index']:>3}  {g['used_mib']:>9}  {g['reserved_mib']:>8}  {g['total_mib']:>7}  {ctx or '-'}")
@@ -123,7 +123,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _pairs(value: str) -> dict[int, int | None]:
     out: dict[int, int | None] = {}
     for part in filter(None, value.split(",")):
-        gpu, _, n = part.partition(":")
+        gpu, _unused, n = part.partition(":")
         out[int(gpu)] = int(n) if n else None
     return out
 

@@ -242,7 +242,7 @@ class Driver:
             os.close(ready_fd)
         while True:
             try:
-                conn, _ = srv.accept()
+                conn, _unused = srv.accept()
             except InterruptedError:
                 continue
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()

@@ -94,10 +94,10 @@ class Worker:
         sender = 0
         while not data.endswith(b"\n"):
             left = deadline - time.monotonic()
-            r, _, _ = select.select([self._ready], [], [], max(0.0, left))
+            r, _unused, _unused = select.select([self._ready], [], [], max(0.0, left))
             if not r:
                 raise WorkerError(f"worker not ready after {timeout}s", self.popen.poll(), self.log())
-            chunk, anc, _, _ = self._ready.recvmsg(256, socket.CMSG_SPACE(CRED.size))
+            chunk, anc, _unused, _unused = self._ready.recvmsg(256, socket.CMSG_SPACE(CRED.size))
             for level, kind, cdata in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                     sender = CRED.unpack(cdata[: CRED.size])[0]
@@ -338,7 +338,7 @@ class Node:
             )
         os.close(w)
         try:
-            ready, _, _ = select.select([r], [], [], READY_TIMEOUT)
+            ready, _unused, _unused = select.select([r], [], [], READY_TIMEOUT)
             line = os.read(r, 64) if ready else b""
         finally:
             os.close(r)
@@ -376,7 +376,7 @@ class Node:
         grandchildren, NVML clients. Never ourselves or our ancestors."""
         mine = ancestors(os.getpid())
         prefix = str(self.dev_dir) + "/"
-        for _ in range(3):
+        for _unused in range(3):
             pids = holders(prefix) - mine
             if not pids:
                 return

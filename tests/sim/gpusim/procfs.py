@@ -49,7 +49,7 @@ def pid_levels(pid: int) -> list[tuple[int, int]]:
     fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     try:
         inodes = [os.fstat(fd).st_ino]
-        for _ in range(len(pids) - 1):
+        for _unused in range(len(pids) - 1):
             parent = fcntl.ioctl(fd, NS_GET_PARENT)
             os.close(fd)
             fd = parent
@@ -152,7 +152,7 @@ class PidHandle:
         """True until the process exits (a zombie counts as exited)."""
         if self.fd is None:
             return False
-        r, _, _ = select.select([self.fd], [], [], 0)
+        r, _unused, _unused = select.select([self.fd], [], [], 0)
         return not r
 
     def signal(self, sig: int) -> bool:
@@ -168,7 +168,7 @@ class PidHandle:
         """Wait until the process has exited (not necessarily reaped)."""
         if self.fd is None:
             return True
-        r, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        r, _unused, _unused = select.select([self.fd], [], [], max(0.0, timeout))
         return bool(r)
 
     def close(self) -> None:

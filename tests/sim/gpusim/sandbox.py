@@ -94,7 +94,7 @@ class Sandbox:
         finally:
             os.close(w)
         try:
-            ready, _, _ = select.select([r], [], [], 10)
+            ready, _unused, _unused = select.select([r], [], [], 10)
             line = os.read(r, 64) if ready else b""
         finally:
             os.close(r)
@@ -221,7 +221,8 @@ class Sandbox:
     ) -> subprocess.CompletedProcess[Any]:
         """subprocess.run() inside the sandbox (same environment rules as popen)."""
         cmd, full = self._command(argv, env, include_library, cwd)
-        return subprocess.run(cmd, env=full, **kwargs)
+        check = kwargs.pop("check", False)
+        return subprocess.run(cmd, env=full, check=check, **kwargs)
 
     def spawn_detached(self, argv: list[Any], env: dict[str, str | None] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start a long-lived process inside, detached (``setsid -f``): it gets
@@ -239,7 +240,7 @@ class Sandbox:
         except FileNotFoundError:
             return None
         for line in reversed(lines):
-            pid, _, code = line.partition(" ")
+            pid, _unused, code = line.partition(" ")
             if pid == str(ns_pid):
                 return int(code)
         return None

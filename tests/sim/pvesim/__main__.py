@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster:
         desc = load_cluster(args.cluster)
     else:
-        nodes, _, guests = args.generate.partition("x")
+        nodes, _unused, guests = args.generate.partition("x")
         desc = benchmark_cluster(nodes=int(nodes), guests_per_node=int(guests))
     tokens = dict(t.split("=", 1) for t in args.token) or None
     users = dict(u.split("=", 1) for u in args.user) or None
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# certificate: {sim.ca_path}", flush=True)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
+        signal.signal(sig, lambda *_unused: done.set())
     done.wait()
     print(f"pvesim: {sim.request_count} requests served", file=sys.stderr)
     sim.stop()

@@ -392,7 +392,7 @@ class Cluster:
             out["swap"] = 0
         else:
             out["qmpstatus"] = g.status
-            if str(g.config.get("agent", "0")).split(",")[0] in ("1", "enabled=1"):
+            if str(g.config.get("agent", "0")).split(",", maxsplit=1)[0] in ("1", "enabled=1"):
                 out["agent"] = 1
         if g.running:
             out["pid"] = g.pid or 100000 + g.vmid
@@ -431,13 +431,13 @@ class Cluster:
 
     def agent_interfaces(self, node: str, vmid: str) -> dict[str, Any]:
         g = self.guest_on(node, "qemu", vmid)
-        if str(g.config.get("agent", "0")).split(",")[0] not in ("1", "enabled=1"):
+        if str(g.config.get("agent", "0")).split(",", maxsplit=1)[0] not in ("1", "enabled=1"):
             raise ApiError(500, "No QEMU guest agent configured")
         if not g.running:
             raise ApiError(500, f"VM {vmid} is not running")
         if not g.agent_running:
             raise ApiError(500, "QEMU guest agent is not running")
-        ip, _, prefix = self._guest_ip(g).partition("/")
+        ip, _unused, prefix = self._guest_ip(g).partition("/")
         return {
             "result": [
                 {"name": "lo", "hardware-address": "00:00:00:00:00:00", "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8}]},

@@ -41,7 +41,7 @@ def load(name: str) -> Any:
 
 def served_body(name: str) -> Any:
     """The JSON document the simulator sends for fixture ``name``."""
-    _, _, _, wrapped, _ = ENDPOINTS[name]
+    _unused, _unused, _unused, wrapped, _unused = ENDPOINTS[name]
     doc = load(name)
     return doc if wrapped else {"data": doc}
 

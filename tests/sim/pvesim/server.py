@@ -235,7 +235,7 @@ class PveSim:
             for r in self._responses:
                 if r.get("method", "GET").upper() != method:
                     continue
-                want_path, _, want_query = str(r["path"]).partition("?")
+                want_path, _unused, want_query = str(r["path"]).partition("?")
                 if want_path.rstrip("/") != path.rstrip("/"):
                     continue
                 if want_query and urllib.parse.parse_qs(want_query) != urllib.parse.parse_qs(query):
@@ -346,7 +346,7 @@ class PveSim:
         cookies = h.headers.get("Cookie") or ""
         ticket = None
         for part in cookies.split(";"):
-            name, _, value = part.strip().partition("=")
+            name, _unused, value = part.strip().partition("=")
             if name == "PVEAuthCookie":
                 ticket = urllib.parse.unquote(value)
         if ticket is None:

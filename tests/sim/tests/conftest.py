@@ -61,7 +61,7 @@ def run_nvml(node: Node, code: str, sandbox: Sandbox | None = None, env: dict[st
         proc = sandbox.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
     else:
         full = {**os.environ, **node.env(), **(env or {})}
-        proc = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"probe failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

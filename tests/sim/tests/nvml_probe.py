@@ -15,7 +15,6 @@ import sys
 import time
 
 import pynvml
-from pynvml import *  # noqa: F403 - the snippets use NVML names directly
 
 MIB = 1 << 20
 
@@ -112,6 +111,8 @@ def watch_release(gpu_index: int, pids: list[int], timeout: float = 3.0) -> list
 
 
 if __name__ == "__main__":
-    scope = dict(globals())
+    # The snippets use NVML's names directly, as if they had done `from pynvml import *`.
+    scope = {name: getattr(pynvml, name) for name in dir(pynvml) if not name.startswith("__")}
+    scope.update(globals())
     exec(sys.argv[1], scope)
     print(json.dumps(scope.get("result")))

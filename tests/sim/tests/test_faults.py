@@ -34,7 +34,7 @@ def live(node: Node, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def smi(node: Node, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(paths.NVIDIA_SMI), *args], capture_output=True, text=True, env={**os.environ, **node.env(), **env})
+    return subprocess.run([str(paths.NVIDIA_SMI), *args], capture_output=True, text=True, env={**os.environ, **node.env(), **env}, check=False)
 
 
 # 1 -------------------------------------------------------------- library absent
@@ -244,7 +244,7 @@ def test_memory_not_available_per_process(node, live) -> None:
 def test_clear_faults_and_bad_fault_names(node, nvml) -> None:
     node.set_fault(lost=[1], orphan={0: 10}, legacy_pids=True, process_api="v1", memory_na=True, timeout=["nvmlDeviceGetName"], init_error="UNKNOWN")
     node.clear_faults()
-    assert node.description.faults == type(node.description.faults)()
+    assert node.description.faults == node.description.faults.__class__()
     assert len(nvml(node, "result = snapshot()")) == 8
     with pytest.raises(TypeError):
         node.set_fault(gpu_on_fire=True)

@@ -133,7 +133,7 @@ def test_sigkill_frees_the_memory_about_100_ms_after_death(node, nvml) -> None:
 
 
 def test_four_processes_dying_together_are_freed_one_by_one(node, nvml) -> None:
-    ws = [node.spawn_worker(gpus=[0], mib=30000) for _ in range(4)]
+    ws = [node.spawn_worker(gpus=[0], mib=30000) for _unused in range(4)]
     drops = nvml(node, f"result = watch_release(0, {[w.pid for w in ws]})")
     assert len(drops) == 4, drops
     assert 0.080 <= drops[0] <= 0.140, drops

@@ -167,7 +167,7 @@ def test_lxc_config_keeps_raw_keys_like_the_recording(gpu3):
     config = data(gpu3, "/nodes/pve1/lxc/102/config")
     recorded_cfg = recorded.served_body("lxc_config_raw_lxc_keys.json")["data"]
     assert shape(config["lxc"]) == shape(recorded_cfg["lxc"]) == ["list"]
-    assert [k for k, _ in config["lxc"]].count("lxc.mount.entry") == 6
+    assert [k for k, _unused in config["lxc"]].count("lxc.mount.entry") == 6
     # ints stay ints, 0/1 booleans are numbers, tags are ';'-joined, digest is 40 hex
     assert (config["memory"], config["unprivileged"], config["tags"]) == (32768, 0, "gpu;train")
     assert len(config["digest"]) == 40
@@ -205,7 +205,7 @@ def test_errors_follow_pve(gpu3):
     assert "No route to host" in reason
     status, reason, body = get(gpu3, "/nodes/pve1/lxc/201/config")  # 201 lives on pve2
     assert (status, reason, json.loads(body)) == (500, "Configuration file 'nodes/pve1/lxc/201.conf' does not exist", {"data": None})
-    status, reason, _ = get(gpu3, "/cluster/tasks")
+    status, reason, _unused = get(gpu3, "/cluster/tasks")
     assert (status, reason) == (501, "Method 'GET /cluster/tasks' not implemented")
     status, reason, body = get(gpu3, "/cluster/resources?type=bogus")
     assert status == 400
@@ -215,7 +215,7 @@ def test_errors_follow_pve(gpu3):
 def test_message_field_only_from_pve_9():
     for version, has_message in (("8.2.4", False), ("9.0.3", True)):
         with PveSim({"pve_version": version, "nodes": [{"name": "pve"}]}) as sim:
-            _, _, body = get(sim, "/nodes/pve/lxc/100/config")
+            _unused, _unused, body = get(sim, "/nodes/pve/lxc/100/config")
         doc = json.loads(body)
         assert ("message" in doc) is has_message
         if has_message:
@@ -226,7 +226,7 @@ def test_interfaces_endpoint_is_501_before_pve_8_1():
     desc = load_cluster("gpu3")
     desc["pve_version"] = "7.4.3"
     with PveSim(desc) as sim:
-        status, _, _ = get(sim, "/nodes/pve1/lxc/101/interfaces")
+        status, _unused, _unused = get(sim, "/nodes/pve1/lxc/101/interfaces")
     assert status == 501
 
 
@@ -274,7 +274,7 @@ def test_latency_is_per_request_and_requests_run_in_parallel():
         one = time.monotonic() - start
         start = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda _: get(sim, "/version"), range(8)))
+            list(pool.map(lambda _unused: get(sim, "/version"), range(8)))
         eight = time.monotonic() - start
         assert sim.max_in_flight > 1
     assert one >= 0.2
@@ -315,6 +315,6 @@ def test_cli_serves_until_interrupted(tmp_path):
             assert json.loads(resp.read())["data"]["version"] == "8.2.4"
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
+        _unused, err = proc.communicate(timeout=10)
     assert proc.returncode == 0
     assert "1 requests served" in err

@@ -136,14 +136,16 @@ def test_ready_fd_protocol_and_cli_passthrough(node) -> None:
 
 
 def test_worker_usage_errors(node) -> None:
-    p = subprocess.run([str(paths.WORKER), "--mib", "lots"], capture_output=True, text=True, env={**os.environ, **node.env()})
+    p = subprocess.run([str(paths.WORKER), "--mib", "lots"], capture_output=True, text=True, env={**os.environ, **node.env()}, check=False)
     assert p.returncode == 2 and "--mib" in p.stderr
-    p = subprocess.run([str(paths.WORKER), "--gpu", "0"], capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "GPUSIM_STATE"})
+    p = subprocess.run(
+        [str(paths.WORKER), "--gpu", "0"], capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "GPUSIM_STATE"}, check=False
+    )
     assert p.returncode == 2 and "no state directory" in p.stderr
 
 
 def test_nvml_client_without_library_fails_with_status_3(node) -> None:
     t0 = time.monotonic()
-    p = subprocess.run([str(paths.WORKER), "--nvml"], capture_output=True, text=True, env={**os.environ, **node.env(include_library=False)})
+    p = subprocess.run([str(paths.WORKER), "--nvml"], capture_output=True, text=True, env={**os.environ, **node.env(include_library=False)}, check=False)
     assert p.returncode == 3 and "libnvidia-ml.so.1" in p.stderr
     assert time.monotonic() - t0 < 2

@@ -59,7 +59,7 @@ class Run:
         return self.inventory.get_host(host).get_vars()
 
     def paths(self) -> list[str]:
-        return [p.replace("/api2/json", "", 1) for _, p in self.requests]
+        return [p.replace("/api2/json", "", 1) for _unused, p in self.requests]
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def test_dri_globs_make_the_igpu_container_a_gpu_guest(sim):
 def test_want_config_exposes_the_raw_lxc_list_in_order(sim):
     run = Run(sim, want_config=True)
     raw = run.vars("train-b")["proxmox_config"]["lxc"]
-    assert [k for k, _ in raw] == ["lxc.cgroup2.devices.allow"] * 3 + ["lxc.mount.entry"] * 6
+    assert [k for k, _unused in raw] == ["lxc.cgroup2.devices.allow"] * 3 + ["lxc.mount.entry"] * 6
 
 
 def test_a_failing_guest_config_does_not_abort_the_source(sim):

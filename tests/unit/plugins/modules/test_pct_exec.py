@@ -77,9 +77,9 @@ def test_argv_and_command_together_are_refused(registry, capsys):
 
 
 def test_failures_carry_a_reason(registry, capsys):
-    _, stopped = run_main({"vmid": 130, "argv": ["true"], "pct_path": FAKE_PCT}, capsys)
-    _, elsewhere = run_main({"vmid": 131, "argv": ["true"], "pct_path": FAKE_PCT}, capsys)
-    _, failing = run_main({"vmid": 129, "argv": ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], "pct_path": FAKE_PCT}, capsys)
+    _unused, stopped = run_main({"vmid": 130, "argv": ["true"], "pct_path": FAKE_PCT}, capsys)
+    _unused, elsewhere = run_main({"vmid": 131, "argv": ["true"], "pct_path": FAKE_PCT}, capsys)
+    _unused, failing = run_main({"vmid": 129, "argv": ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], "pct_path": FAKE_PCT}, capsys)
     assert stopped["reason"] == "not_running"
     assert elsewhere["reason"] == "no_such_container"
     assert elsewhere["node"] == "pve1"

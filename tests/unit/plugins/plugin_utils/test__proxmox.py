@@ -302,7 +302,7 @@ def test_password_login_then_ticket_cookie_and_bad_password():
     with PveSim(load_cluster("gpu3"), users={"ops@pve": "pw-1"}) as s:
         client = px.ProxmoxClient(s.url, user="ops@pve", password="pw-1")
         assert client.get("/cluster/resources?type=vm")
-        assert [m for m, _ in s.requests] == ["POST", "GET"]
+        assert [m for m, _unused in s.requests] == ["POST", "GET"]
         with pytest.raises(px.ProxmoxApiError) as exc:
             px.ProxmoxClient(s.url, user="ops@pve", password="nope").get("/cluster/status")
     assert "401 authentication failure" in str(exc.value)
@@ -354,7 +354,7 @@ def test_fetch_all_logs_in_once_for_password_auth():
     with PveSim(load_cluster("gpu3"), users={"root@pam": "pw"}) as s:
         client = px.ProxmoxClient(s.url, user="root@pam", password="pw")
         px.fetch_all(client, [f"/nodes/pve1/lxc/{v}/config" for v in (101, 102, 103, 104)], max_workers=4)
-        assert [m for m, _ in s.requests].count("POST") == 1
+        assert [m for m, _unused in s.requests].count("POST") == 1
 
 
 def test_make_unsafe_keeps_values_equal():
