@@ -134,6 +134,16 @@ clean_count:
   returned: always
   type: int
   sample: 8
+start:
+  description: When the verification started, as C(ansible.builtin.command) reports it (local time, microseconds).
+  returned: always
+  type: str
+  sample: "2026-11-30 02:40:01.523456"
+end:
+  description: When the verification ended.
+  returned: always
+  type: str
+  sample: "2026-11-30 02:40:01.526789"
 elapsed_s:
   description: Seconds the verification took.
   returned: always
@@ -237,6 +247,7 @@ gpus:
       sample: clean
 """
 
+import datetime
 import importlib.util
 import platform
 import sys
@@ -267,6 +278,7 @@ def validate(params: dict) -> list:
 
 
 def run(module: AnsibleModule) -> dict:
+    started = datetime.datetime.now()
     p = module.params
     selectors = validate(p)
     with _nvml.NvmlSession() as session:
@@ -284,6 +296,8 @@ def run(module: AnsibleModule) -> dict:
         "gpu_count": len(all_gpus),
         "clean_count": outcome.clean_count,
         "elapsed_s": round(outcome.elapsed_s, 4),
+        "start": str(started),
+        "end": str(datetime.datetime.now()),
         "time_to_clean_s": None if outcome.time_to_clean_s is None else round(outcome.time_to_clean_s, 4),
         "polls": outcome.polls,
         "driver_version": driver,

@@ -295,6 +295,16 @@ notes:
   type: list
   elements: str
   sample: []
+start:
+  description: When the module started, as C(ansible.builtin.command) reports it (local time, microseconds).
+  returned: always
+  type: str
+  sample: "2026-11-30 02:40:01.123456"
+end:
+  description: When the module ended.
+  returned: always
+  type: str
+  sample: "2026-11-30 02:40:01.334567"
 elapsed_s:
   description: Seconds the module took, discovery included.
   returned: always
@@ -302,6 +312,7 @@ elapsed_s:
   sample: 0.21
 """
 
+import datetime
 import time
 import traceback
 
@@ -363,6 +374,7 @@ def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
 
 def run(module: AnsibleModule) -> dict:
     start = time.monotonic()
+    started = datetime.datetime.now()
     p = module.params
     notes: list = []
     request = build_request(module, notes)
@@ -396,6 +408,8 @@ def run(module: AnsibleModule) -> dict:
         "summary": counts,
         "notes": notes,
         "elapsed_s": round(time.monotonic() - start, 4),
+        "start": str(started),
+        "end": str(datetime.datetime.now()),
     }
     if module._diff:  # pylint: disable=protected-access
         survivors = [f"{x['pid']} {x['name']}" for x in targets if x["outcome"] == "unkillable"]

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import typing as t
 from pathlib import Path
@@ -239,6 +240,13 @@ class Ansible:
         return [{"name": "validate", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
 
 
+def stamp(text: str) -> float:
+    """Epoch seconds of a module's start/end field (local time, as ansible.builtin.command reports it)."""
+    import datetime
+
+    return datetime.datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f").timestamp()
+
+
 def task(records: list[dict[str, t.Any]], name: str) -> dict[str, t.Any]:
     found = [r for r in records if r.get("task", "").endswith(name)]
     if not found:
@@ -307,6 +315,7 @@ class Harness:
         print(f"    device files held: {self.holdings[name]}", flush=True)
 
     def module(self, name: str, specs: list[Spec], mgmt: Proc) -> float:
+        """Seconds from the start of gpu_procs_kill to the moment gpu_mem_verify saw every GPU clean."""
         procs = self.b.spawn(specs)
         if name not in self.holdings:
             self.record_holdings(name, [*procs, mgmt])
@@ -315,20 +324,36 @@ class Harness:
             "gpuops.clean_slate.gpu_procs_kill": {"grace_period": GRACE, "kill_timeout": 10, "device_dir": self.b.device_dir},
         }
         verify_task = {"name": "verify", "gpuops.clean_slate.gpu_mem_verify": {"expected_count": self.b.count, "device_dir": self.b.device_dir}}
+        # Watch the GPUs from here (2 ms polls) to know when the memory really came back,
+        # whenever gpu_mem_verify happens to look.
+        clean_at: list[float] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                if self.clean_now():
+                    clean_at.append(time.time())
+                    return
+                time.sleep(0.002)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         rc, _wall, records, out = self.a.run(self.a.play([kill_task, verify_task]))
+        stop.set()
+        watcher.join()
         ok = self.check(f"{name}: kill + verify run succeeds", rc == 0, out)
         took = float("nan")
         if ok:
             k, v = task(records, "kill"), task(records, "verify")
-            kill_start = k["time"] - k["result"]["elapsed_s"]
-            verify_start = v["time"] - v["result"]["elapsed_s"]
+            kill_start = stamp(k["result"]["start"])
+            verify_start = stamp(v["result"]["start"])
             took = verify_start + v["result"]["time_to_clean_s"] - kill_start
             self.breakdown.setdefault(name, []).append(
                 {
+                    "to_clean_s": (clean_at[0] - kill_start) if clean_at else float("nan"),
                     "kill_module_s": k["result"]["elapsed_s"],
-                    "handover_s": verify_start - k["time"],
+                    "handover_s": verify_start - stamp(k["result"]["end"]),
                     "verify_time_to_clean_s": v["result"]["time_to_clean_s"],
-                    "kill_result_to_controller_s": k["time"] - kill_start - k["result"]["elapsed_s"],
                 }
             )
             ended = {x["pid"] for x in k["result"]["targets"]}
@@ -381,8 +406,22 @@ def _quote(arg: str) -> str:
     return "'" + arg.replace("'", "'\\''") + "'" if any(c in arg for c in " :'\"$") else arg
 
 
+def startup_costs() -> dict[str, float]:
+    """What one module run pays before it does anything: the interpreter and its imports."""
+    out = {}
+    for label, code in (("python_start_s", "pass"), ("module_imports_s", "import ansible.module_utils.basic, pynvml, psutil")):
+        times = []
+        for _attempt in range(3):
+            start = time.monotonic()
+            subprocess.run([sys.executable, "-c", code], check=False, capture_output=True)
+            times.append(time.monotonic() - start)
+        out[label] = round(min(times), 3)
+    return out
+
+
 def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
     info = backend.describe()
+    info.update(startup_costs())
     print(f"backend {backend.name}: {info}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpuops-gpu-") as tmpdir:
         tmp = Path(tmpdir)
@@ -403,7 +442,23 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
             module = statistics.median(h.module(name, specs, mgmt) for _unused in range(repeat))
             playbook = h.playbook(name, specs)
             pipe, pipe_clean, _ran = h.pipeline(name, specs)
-            rows.append({"scenario": name, "floor": floor, "module": module, "playbook": playbook, "pipeline": pipe, "pipeline_clean": pipe_clean})
+            parts = h.breakdown.get(name, [])
+            kill_s = statistics.median(b["kill_module_s"] for b in parts) if parts else float("nan")
+            to_clean = statistics.median(b["to_clean_s"] for b in parts) if parts else float("nan")
+            handover = statistics.median(b["handover_s"] for b in parts) if parts else float("nan")
+            rows.append(
+                {
+                    "scenario": name,
+                    "floor": floor,
+                    "module": module,
+                    "kill_module": kill_s,
+                    "to_clean": to_clean,
+                    "handover": handover,
+                    "playbook": playbook,
+                    "pipeline": pipe,
+                    "pipeline_clean": pipe_clean,
+                }
+            )
         if backend.count >= 2:
             print("selective: gpus: [1]", flush=True)
             procs = backend.spawn([{"gpu": 0, "gib": 4}, {"gpu": 1, "gib": 4}])
@@ -417,10 +472,14 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
     print(table)
     failed = [c for c in h.checks if not c[1]]
     print(f"{len(h.checks) - len(failed)}/{len(h.checks)} checks passed")
+    # "ours (modules)": from the start of gpu_procs_kill until the memory was back (watched from
+    # here); "end to end" adds Ansible's hand-over to gpu_mem_verify, which then confirms it.
     goals = {
-        "module <= floor + 0.3 s (plain scenarios)": all(r["module"] <= r["floor"] + 0.3 for r in rows if r["scenario"] in PLAIN),
+        "modules <= floor + 0.3 s (plain scenarios)": all(r["to_clean"] <= r["floor"] + 0.3 for r in rows if r["scenario"] in PLAIN),
+        "end to end (hand-over included) <= floor + 0.3 s (plain scenarios)": all(r["module"] <= r["floor"] + 0.3 for r in rows if r["scenario"] in PLAIN),
         "playbook <= 3 s on localhost (plain scenarios)": all(r["playbook"] <= 3.0 for r in rows if r["scenario"] in PLAIN),
-        "pipeline / module >= 5 (plain scenarios)": all(r["pipeline"] / r["module"] >= 5 for r in rows if r["scenario"] in PLAIN),
+        "pipeline / modules >= 5 (plain scenarios)": all(r["pipeline"] / r["to_clean"] >= 5 for r in rows if r["scenario"] in PLAIN),
+        "pipeline / end to end >= 5 (plain scenarios)": all(r["pipeline"] / r["module"] >= 5 for r in rows if r["scenario"] in PLAIN),
     }
     for goal, met in goals.items():
         print(f"goal {'met' if met else 'NOT met'}: {goal}")
@@ -433,13 +492,18 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
 
 
 def format_table(rows: list[dict[str, t.Any]], info: dict[str, t.Any]) -> str:
-    head = "| scenario | floor s | ours (module) s | ours (playbook) s | pipeline s | ours/pipeline | ours - floor s |"
-    lines = [f"{info.get('gpu')} x{info.get('gpus')}, driver {info.get('driver')}", "", head, "|---|---:|---:|---:|---:|---:|---:|"]
+    head = (
+        "| scenario | floor s | ours (modules) s | gpu_procs_kill s | Ansible hand-over s | ours end to end s | ours (playbook) s | pipeline s"
+        " | pipeline / ours (modules) | ours (modules) - floor s |"
+    )
+    lines = [f"{info.get('gpu')} x{info.get('gpus')}, driver {info.get('driver')}", "", head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        ratio = r["module"] / r["pipeline"] if r["pipeline"] == r["pipeline"] and r["pipeline"] else float("nan")
+        work = r["to_clean"]
+        ratio = r["pipeline"] / work if work == work and work else float("nan")
         lines.append(
-            f"| {r['scenario']} | {r['floor']:.3f} | {r['module']:.3f} | {r['playbook']:.2f} | {r['pipeline']:.2f}"
-            f"{'' if r['pipeline_clean'] else ' (not clean)'} | {ratio:.1%} | {r['module'] - r['floor']:+.3f} |"
+            f"| {r['scenario']} | {r['floor']:.3f} | {work:.3f} | {r['kill_module']:.3f} | {r['handover']:.3f} | {r['module']:.3f}"
+            f" | {r['playbook']:.2f} | {r['pipeline']:.2f}"
+            f"{'' if r['pipeline_clean'] else ' (not clean)'} | {ratio:.1f}x | {work - r['floor']:+.3f} |"
         )
     return "\n".join(lines)
 
