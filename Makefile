@@ -65,7 +65,7 @@ functional: setup
 	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/functional tests/sim/tests $(PYTEST_ARGS)
 
 lab: setup
-	$(BIN)/pytest -q -p no:cacheprovider tests/lab $(PYTEST_ARGS)
+	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/lab $(PYTEST_ARGS)
 
 lint: setup
 	@tests/tools/lint

@@ -1,0 +1,319 @@
+"""The real playbook over real SSH against the multi-host lab (see docs/lab.md).
+
+Five GPU hosts from the Proxmox inventory plugin: pve1 and pve2 (hypervisors, 8 simulated
+GPUs each, Python 3.9 targets), ct101 (a container with its own sshd), ct102 and ct201
+(containers without network, cleaned from their hypervisor through pct and container scope).
+Every assertion reads real processes, the simulated driver's memory state or the results
+the modules sent back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import typing as t
+from pathlib import Path
+
+import pytest
+from lab.builder import VENV_PYTHON, Host, Lab
+from support.ansible import AnsibleRun
+
+pytestmark = pytest.mark.lab
+
+GPU_HOSTS = {"pve1", "pve2", "ct101", "ct102", "ct201"}
+ALL_PHASE_TASKS = ("Take the before picture", "End the GPU processes", "Wait until every GPU is clean")
+
+
+# ---------------------------------------------------------------------- helpers
+def viewer(host: Host) -> Host:
+    """Where the modules for ``host`` run: a container without network is cleaned from its node."""
+    return host.node if host.reach == "hypervisor" and host.node is not None else host
+
+
+def expected_pids(host: Host) -> set[int]:
+    """The host's workload, as pids of the namespace its modules run in."""
+    return {p.pid_at(viewer(host).depth) for p in host.workload}
+
+
+def result_of(run: AnsibleRun, host: str) -> dict[str, t.Any]:
+    """clean_slate_result, the role's per-host result."""
+    return run.task("Summarise the result", host=host)["result"]["ansible_facts"]["clean_slate_result"]
+
+
+def stats(run: AnsibleRun) -> dict[str, dict[str, int]]:
+    return run.stats["stats"]
+
+
+def assert_clean(lab: Lab, run: AnsibleRun, name: str) -> None:
+    host = lab[name]
+    res = result_of(run, name)
+    assert res["clean"] is True and res["failure"] == "", (name, res, run.output)
+    assert res["clean_count"] == res["gpu_count"] == len(host.gpus), (name, res)
+    assert lab.used_mib(host) == dict.fromkeys(host.gpus, 0), name
+    assert not [p.name for p in host.workload if p.alive()], f"{name}: workload survived"
+
+
+def assert_untouched(lab: Lab, name: str, before: dict[int, int]) -> None:
+    host = lab[name]
+    assert all(p.alive() for p in host.workload), f"{name}: {[p.name for p in host.workload if not p.alive()]} ended"
+    assert lab.used_mib(host) == before, name
+
+
+def daemons_alive(lab: Lab) -> dict[str, list[str]]:
+    return {h.name: sorted(n for n, p in h.daemons.items() if p.alive()) for h in lab.hosts.values()}
+
+
+def all_daemons(lab: Lab) -> dict[str, list[str]]:
+    return {h.name: sorted(h.daemons) for h in lab.hosts.values()}
+
+
+# ---------------------------------------------------------------------- inventory and transport
+def test_inventory_from_the_api_describes_the_lab(lab: Lab) -> None:
+    graph = lab.ansible_inventory("--graph", "gpu_nodes")
+    assert graph.returncode == 0, graph.stderr
+    members = {line.strip(" |-") for line in graph.stdout.splitlines()[1:]}
+    assert members == GPU_HOSTS, graph.stdout
+    requests_before = lab.sim.request_count if lab.sim else 0
+    listing = lab.ansible_inventory("--list")
+    assert listing.returncode == 0, listing.stderr
+    assert lab.sim is not None and lab.sim.request_count > requests_before  # the API was asked, with the token
+
+    hostvars = json.loads(listing.stdout)["_meta"]["hostvars"]
+
+    def plain(v: t.Any) -> t.Any:
+        return v["__ansible_unsafe"] if isinstance(v, dict) and set(v) == {"__ansible_unsafe"} else v
+
+    for name in GPU_HOSTS:
+        host, hv = lab[name], hostvars[name]
+        if host.kind == "node":
+            assert plain(hv["ansible_host"]) == host.address
+            assert plain(hv["proxmox_type"]) == "node"
+        elif host.reach == "ssh":
+            assert plain(hv["ansible_host"]) == host.address  # from the API's /interfaces answer
+        else:
+            assert "ansible_host" not in hv, f"{name} has no network: it must be reached through its node"
+        if host.kind == "lxc":
+            assert host.node is not None
+            assert plain(hv["proxmox_node"]) == host.node.name
+            assert plain(hv["proxmox_vmid"]) == host.vmid
+            devices = {plain(d) for d in hv["proxmox_gpu_devices"]}
+            assert {d for d in devices if d[len("/dev/nvidia") :].isdigit()} == {f"/dev/nvidia{g}" for g in host.gpus}
+
+
+def test_pct_on_the_hypervisor_enters_the_container(fresh: Lab) -> None:
+    lab = fresh
+    ct102, ct201 = lab["ct102"], lab["ct201"]
+    play = [
+        {
+            "name": "pct on pve1",
+            "hosts": "pve1",
+            "gather_facts": False,
+            "tasks": [
+                {"name": "Status", "ansible.builtin.command": "pct status 102 --verbose", "register": "st"},
+                {"name": "Inside", "gpuops.clean_slate.pct_exec": {"vmid": 102, "argv": ["ps", "-eo", "pid=,args="]}},
+                {"name": "Other node", "ansible.builtin.command": "pct exec 201 -- true", "failed_when": False},
+                {"name": "Module on the other node's container", "gpuops.clean_slate.pct_exec": {"vmid": 201, "argv": ["true"]}, "ignore_errors": True},
+            ],
+        }
+    ]
+    run = lab.playbook(play)
+    status = run.task("Status", host="pve1")["result"]["stdout_lines"]
+    assert "status: running" in status
+    assert ct102.init is not None
+    assert f"pid: {ct102.init.pid_at(1)}" in status  # the init pid as pve1 sees it
+    inside = run.task("Inside", host="pve1")["result"]
+    assert inside["rc"] == 0, inside
+    rows = [line.split(None, 1) for line in inside["stdout_lines"]]
+    listed = {int(pid): args for pid, args in rows if not args.startswith("ps ")}
+    # Exactly the container's processes, with the pids of its own namespace (its init is 1).
+    assert "pid1.py" in listed.pop(1)
+    assert listed == {p.pid_at(2): p.name.replace(" (forked child)", "") for p in [*ct102.workload, *ct102.daemons.values()]}
+    other = run.task("Other node", host="pve1")["result"]
+    assert other["rc"] == 255
+    assert other["stderr"] == "Configuration file 'nodes/pve1/lxc/201.conf' does not exist"
+    module = run.task("Module on the other node's container", host="pve1")["result"]
+    assert module["reason"] == "no_such_container", module
+    assert ct201.running()
+
+
+# ---------------------------------------------------------------------- the job
+def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
+    lab = fresh
+    targets = {name: expected_pids(lab[name]) for name in GPU_HOSTS}
+    daemons = all_daemons(lab)
+    run = lab.playbook()
+    assert run.rc == 0, run.output
+    assert set(stats(run)) == GPU_HOSTS
+    for name in GPU_HOSTS:
+        host = lab[name]
+        s = stats(run)[name]
+        assert s["failures"] == 0 and s["unreachable"] == 0, (name, s)
+        assert_clean(lab, run, name)
+        kill = run.task("End the GPU processes", host=name)["result"]
+        assert {tg["pid"] for tg in kill["targets"]} == targets[name], (name, kill["targets"])
+        assert result_of(run, name)["mode"] == ("hypervisor" if host.reach == "hypervisor" else "local")
+        if host.reach == "hypervisor":
+            assert {tg["container"] for tg in kill["targets"]} == {host.vmid}
+        # The stubborn vLLM worker needed SIGKILL; the others went on SIGTERM.
+        stubborn = {p.pid_at(viewer(host).depth) for p in host.workload if p.ignores_term}
+        assert {tg["pid"] for tg in kill["targets"] if "KILL" in tg["signals_sent"]} == stubborn
+        python = run.task("Take the before picture", host=name)["result"]["python"]
+        assert python["executable"] == viewer(host).python
+        if viewer(host).python != VENV_PYTHON:
+            assert python["version"].startswith("3.9."), python  # the oldest target Python
+    for node in lab.nodes:
+        assert [node.gpu_sim.memory(i)["used_mib"] for i in range(len(node.gpu_sim.gpus))] == [0] * len(node.gpu_sim.gpus)
+    assert daemons_alive(lab) == daemons
+    assert all(h.sshd is not None and h.sshd.alive() for h in lab.hosts.values() if h.reach == "ssh")
+    pve1_calls = lab.pct_calls(lab["pve1"])
+    assert ["status", "102", "--verbose"] in pve1_calls
+    assert ["status", "201", "--verbose"] in lab.pct_calls(lab["pve2"])
+    assert not any("101" in call for call in pve1_calls), "ct101 has its own sshd: pct is not needed for it"
+
+
+def test_container_scope_spares_the_other_container_and_the_node(fresh: Lab) -> None:
+    lab = fresh
+    ct102 = lab["ct102"]
+    others = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS - {"ct102"}}
+    want = expected_pids(ct102)
+    run = lab.playbook(limit="ct102")
+    assert run.rc == 0, run.output
+    assert set(stats(run)) == {"ct102"}
+    assert_clean(lab, run, "ct102")
+    kill = run.task("End the GPU processes", host="ct102")["result"]
+    assert {tg["pid"] for tg in kill["targets"]} == want
+    assert {tg["container"] for tg in kill["targets"]} == {102}
+    # pve1 itself and ct101, on the same node and the same driver, keep running.
+    for name, before in others.items():
+        assert_untouched(lab, name, before)
+    assert all(p.alive() for p in ct102.daemons.values())
+    assert ["status", "102", "--verbose"] in lab.pct_calls(lab["pve1"])
+
+
+def test_check_mode_ends_nothing(fresh: Lab) -> None:
+    lab = fresh
+    before = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS}
+    run = lab.playbook(check=True)
+    assert run.rc == 0, run.output
+    for name in GPU_HOSTS:
+        res = result_of(run, name)
+        assert res["check_mode"] is True
+        assert res["ended"] == 0
+        assert res["would_end"] == len(lab[name].workload), (name, res)
+        assert {tg["pid"] for tg in run.task("End the GPU processes", host=name)["result"]["targets"]} == expected_pids(lab[name])
+        assert_untouched(lab, name, before[name])
+
+
+def test_second_run_reports_no_changes(fresh: Lab) -> None:
+    lab = fresh
+    first = lab.playbook()
+    assert first.rc == 0, first.output
+    assert all(stats(first)[name]["changed"] >= 1 for name in GPU_HOSTS), stats(first)
+    second = lab.playbook()
+    assert second.rc == 0, second.output
+    for name in GPU_HOSTS:
+        assert stats(second)[name]["changed"] == 0, (name, stats(second)[name])
+        assert stats(second)[name]["failures"] == 0
+        res = result_of(second, name)
+        assert res["ended"] == 0 and res["clean"] is True, res
+        assert run_targets(second, name) == []
+
+
+def run_targets(run: AnsibleRun, name: str) -> list[dict[str, t.Any]]:
+    return run.task("End the GPU processes", host=name)["result"]["targets"]
+
+
+# ---------------------------------------------------------------------- failures stay per host
+def test_stopped_container_fails_alone(fresh: Lab) -> None:
+    lab = fresh
+    lab.stop_container(lab["ct201"])
+    run = lab.playbook()
+    assert run.rc == 2, run.output  # some hosts failed
+    s = stats(run)
+    assert s["ct201"]["failures"] == 1, s
+    res = result_of(run, "ct201")
+    assert "container 201 is not running" in res["failure"], res
+    assert res["clean"] is False and res["summary"].endswith("FAILED")
+    for name in GPU_HOSTS - {"ct201"}:
+        assert s[name]["failures"] == 0 and s[name]["unreachable"] == 0, (name, s[name])
+        assert_clean(lab, run, name)
+    assert all(p.alive() for p in lab["pve2"].daemons.values())
+
+
+def test_unreachable_host_does_not_stop_the_others(fresh: Lab) -> None:
+    lab = fresh
+    ct101 = lab["ct101"]
+    before = lab.used_mib(ct101)
+    lab.stop_sshd(ct101)
+    run = lab.playbook()
+    assert run.rc == 4, run.output  # some hosts unreachable
+    s = stats(run)
+    assert s["ct101"]["unreachable"] == 1, s
+    assert run.task("Take the before picture", host="ct101")["status"] == "unreachable"
+    for name in GPU_HOSTS - {"ct101"}:
+        assert s[name]["failures"] == 0 and s[name]["unreachable"] == 0, (name, s[name])
+        assert_clean(lab, run, name)
+    # Nobody reached ct101, and its GPUs are not pve1's to clean: its job still runs.
+    assert_untouched(lab, "ct101", before)
+
+
+def test_orphaned_gpu_memory_fails_that_host_with_the_diagnosis(fresh: Lab) -> None:
+    lab = fresh
+    pve2 = lab["pve2"]
+    pve2.gpu_sim.set_fault(orphan={1: 8000})
+    run = lab.playbook(extra_vars={"clean_slate_verify_timeout": 2})
+    assert run.rc == 2, run.output
+    s = stats(run)
+    assert s["pve2"]["failures"] == 1, s
+    res = result_of(run, "pve2")
+    assert "GPU 1" in res["failure"] and "orphaned_context" in res["failure"], res["failure"]
+    assert "8000 MiB used with no process holding it" in res["failure"]
+    gpus = {g["index"]: g for g in res["gpus"]}
+    assert gpus[1]["diagnosis"] == "orphaned_context" and not gpus[1]["clean"]
+    assert all(gpus[i]["clean"] for i in (0, 2, 3))
+    # Its processes were still ended (the kill comes first); only the orphan is left.
+    assert not [p.name for p in pve2.workload if p.alive()]
+    assert lab.used_mib(pve2) == {0: 0, 1: 8000, 2: 0, 3: 0}
+    for name in GPU_HOSTS - {"pve2"}:  # ct201 shares pve2's driver but not GPU 1
+        assert s[name]["failures"] == 0, (name, s[name])
+        assert_clean(lab, run, name)
+
+
+@pytest.mark.parametrize(
+    ("bad", "task", "says"),
+    [
+        ({"clean_slate_verify_timeout": -1}, "Check the numeric role variables", "clean_slate_verify_timeout (-1)"),
+        ({"clean_slate_mode": "sideways"}, "Validating arguments against arg spec", "clean_slate_mode"),
+    ],
+    ids=["negative-timeout", "unknown-mode"],
+)
+def test_bad_variables_fail_before_anything_runs(fresh: Lab, bad: dict[str, t.Any], task: str, says: str) -> None:
+    lab = fresh
+    before = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS}
+    calls = {n.name: len(lab.pct_calls(n)) for n in lab.nodes}
+    run = lab.playbook(extra_vars=bad)
+    assert run.rc == 2, run.output
+    failed = [r for r in run.results if r["status"] == "failed"]
+    assert {r["host"] for r in failed} == GPU_HOSTS
+    assert all(task in r["task"] for r in failed), {r["task"] for r in failed}
+    assert all(says in r["result"]["msg"] for r in failed), failed[0]["result"]["msg"]
+    # Nothing reached a host: no module ran, no pct call, every process and GPU as before.
+    assert not [r for r in run.results if r["action"].startswith("gpuops.")]
+    assert {n.name: len(lab.pct_calls(n)) for n in lab.nodes} == calls
+    for name in GPU_HOSTS:
+        assert_untouched(lab, name, before[name])
+
+
+def test_the_lab_is_its_own_world(lab: Lab) -> None:
+    """Sanity of the fixture itself: the hosts are separate PID and network namespaces, the
+    containers nest in their node's PID namespace and sit in lxc/<vmid>."""
+
+    inodes = {h.name: os.stat(f"/proc/{h.init.pid}/ns/pid").st_ino for h in lab.hosts.values() if h.init}
+    assert len(set(inodes.values())) == len(lab.hosts)
+    nets = {h.name: os.stat(f"/proc/{h.init.pid}/ns/net").st_ino for h in lab.hosts.values() if h.init}
+    assert len(set(nets.values())) == len(lab.hosts)  # ct102 and ct201 have an empty one of their own
+    assert os.stat("/proc/self/ns/net").st_ino not in nets.values()
+    for c in lab.containers:
+        assert c.init is not None and len(c.init.levels) == 3 and c.init.levels[-1] == 1
+        if c.cgroup is not None:
+            assert Path(f"/proc/{c.init.pid}/cgroup").read_text().strip().endswith(f"/lxc/{c.vmid}")
