@@ -345,15 +345,28 @@ def discover(req: Request) -> Plan:
                 c.reasons.append(f"listed by NVML on GPU {gpu.index}" + (f" ({proc.used_mib} MiB)" if proc.used_mib is not None else ""))
 
     # Device-file holders.
+    # GPUs where NVML lists a pid that is not a live process here: memory that no visible process
+    # owns, the mark of a forked child holding a dead parent's context.
+    stale_minors = set()
+    for gpu in req.gpus:
+        for proc in req.nvml_processes.get(gpu.index, []):
+            f = facts.get(proc.pid)
+            if f is None or f.state in ("Z", "X"):
+                stale_minors.add(gpu.minor)
     for pid, holding in holders.items():
         if pid not in facts:
             continue
-        mine = _proctable.attribute(holding, nvml_minors.get(pid)) & holding.minors & selected
+        listed = nvml_minors.get(pid)
+        mine = _proctable.attribute(holding, listed) & holding.minors & selected
+        if not listed and not req.all_gpus:
+            # The CUDA driver maps every GPU's device file, so a process NVML does not list is tied to a
+            # selected GPU only where NVML shows memory that no visible process owns.
+            mine &= stale_minors
         if mine:
             c = cand(pid)
             c.holding = holding
             c.gpus.update(minor_to_index[m] for m in mine)
-            c.reasons.extend(r for r in holding.describe() if any(r.startswith(f"holds nvidia{m} ") for m in mine))
+            c.reasons.extend(holding.describe(mine))
         elif not holding.minors and req.all_gpus:
             # Only nvidiactl / nvidia-uvm: cannot be tied to one GPU, so counts only when all are selected.
             c = cand(pid)

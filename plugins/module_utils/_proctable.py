@@ -45,12 +45,16 @@ class Holding:
         """CUDA processes map the device files; NVML-only management clients only open them."""
         return bool(self.gpu_maps or self.other_maps)
 
-    def describe(self) -> list[str]:
-        """Short sentences for a candidate's ``reasons``."""
-        out = []
-        for minor in sorted(self.minors):
+    def describe(self, minors: set[int] | None = None) -> list[str]:
+        """Short sentences for a candidate's ``reasons`` (``holds nvidia0-7 (fd+mmap)``), for ``minors`` or all."""
+        runs: list[tuple[str, list[int]]] = []
+        for minor in sorted(self.minors if minors is None else self.minors & minors):
             how = "+".join(x for x, on in (("fd", minor in self.gpu_fds), ("mmap", minor in self.gpu_maps)) if on)
-            out.append(f"holds nvidia{minor} ({how})")
+            if runs and runs[-1][0] == how and runs[-1][1][-1] == minor - 1:
+                runs[-1][1].append(minor)
+            else:
+                runs.append((how, [minor]))
+        out = [f"holds nvidia{run[0]}{f'-{run[-1]}' if len(run) > 1 else ''} ({how})" for how, run in runs]
         others = sorted(self.other_fds | self.other_maps)
         if others and not self.minors:
             out.append("holds " + ", ".join(others))

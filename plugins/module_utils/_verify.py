@@ -171,13 +171,21 @@ def diagnose(
         return "unsupported", reading.error.msg, []
     used = reading.used_mib or 0
     listed_on = nvml_minors or {}
+    visible_listed = sorted(p.pid for p in reading.processes if os.path.exists(f"/proc/{p.pid}") and p.pid not in own)
+    invisible_listed = sorted(p.pid for p in reading.processes if not os.path.exists(f"/proc/{p.pid}"))
+    explained = sum(p.used_mib or 0 for p in reading.processes if p.pid in visible_listed)
+    # A holder NVML does not list (the CUDA driver maps every GPU's file) is blamed only for memory
+    # that no visible listed process accounts for.
+    unexplained = bool(invisible_listed) or (reading.used_mib or 0) > explained + criteria.max_used_mib
     compute_holders = sorted(
         pid
         for pid, h in holders.items()
-        if pid not in own and gpu.minor is not None and h.has_mmaps and gpu.minor in _proctable.attribute(h, listed_on.get(pid)) & h.minors
+        if pid not in own
+        and gpu.minor is not None
+        and h.has_mmaps
+        and gpu.minor in _proctable.attribute(h, listed_on.get(pid)) & h.minors
+        and (pid in listed_on or unexplained)
     )
-    visible_listed = sorted(p.pid for p in reading.processes if os.path.exists(f"/proc/{p.pid}") and p.pid not in own)
-    invisible_listed = sorted(p.pid for p in reading.processes if not os.path.exists(f"/proc/{p.pid}"))
     holding = sorted(set(compute_holders) | set(visible_listed))
     if holding:
         names = ", ".join(f"{pid} ({_comm(pid) or '?'})" for pid in holding)

@@ -52,10 +52,26 @@ def test_forked_child_found_through_the_device_file(mod, node, sandbox) -> None:
     assert wait_for(lambda: not w.alive()) and w.child_alive()
     r = mod("gpu_procs_kill", FAST)
     t = by_pid(r)[w.child_ns_pid]
-    assert t["reasons"] == ["holds nvidia6 (fd+mmap)"]
+    # Like the CUDA driver, the child maps every GPU's device file.
+    assert t["reasons"] == ["holds nvidia0-7 (fd+mmap)"]
     assert t["outcome"] == "terminated"
     # NVML still lists the dead parent; it is reported and left alone.
     assert any(i["pid"] == w.ns_pid and "does not exist here" in i["why"] for i in r["ignored"])
+    assert not w.child_alive()
+    node.wait_clean(timeout=5)
+
+
+def test_a_forked_child_counts_only_for_the_gpu_whose_memory_it_holds(mod, node, sandbox) -> None:
+    # The child maps every GPU's device file (as CUDA does) and NVML does not list it: it is tied to
+    # GPU 0 only through NVML's stale entry for its dead parent there.
+    w = sandbox.spawn_worker(gpus=[0], mib=6000, fork_child=True)
+    other = sandbox.spawn_worker(gpus=[1], mib=6000, title="sglang::scheduler_TP1")
+    assert wait_for(lambda: not w.alive()) and w.child_alive()
+    r = mod("gpu_procs_kill", {"gpus": [1], **FAST})
+    assert set(by_pid(r)) == {other.ns_pid}
+    assert w.child_alive()
+    r = mod("gpu_procs_kill", {"gpus": [0], **FAST})
+    assert by_pid(r)[w.child_ns_pid]["reasons"] == ["holds nvidia0 (fd+mmap)"]
     assert not w.child_alive()
     node.wait_clean(timeout=5)
 

@@ -1,8 +1,8 @@
 /*
  * The worker's side of the simulated driver: device files and contexts.
  *
- * A CUDA process opens /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia<N>
- * and maps them; the GPU memory it allocates belongs to the open file, so it
+ * A CUDA process opens /dev/nvidiactl, /dev/nvidia-uvm and the /dev/nvidia<N>
+ * of every GPU, and maps them; the GPU memory it allocates belongs to the open file, so it
  * lives as long as any process holds that open file description (a forked
  * child keeps it after its parent dies). We reproduce exactly that with an
  * OFD lock: the context is a read lock on byte <id> of dev/nvidia<minor>,
@@ -176,6 +176,14 @@ int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, c
     if (wk_open_device(state, "nvidiactl", 1) < 0 || wk_open_device(state, "nvidia-uvm", 1) < 0) {
         snprintf(err, errlen, "cannot open %s/dev/nvidiactl or nvidia-uvm: %s", state, strerror(errno));
         return -1;
+    }
+    /* Like the CUDA driver at start-up, open and map the device file of every
+     * GPU, whichever one the memory is on (seen on an H200 pair: a process
+     * using cuda:0 holds and maps /dev/nvidia0 and /dev/nvidia1). */
+    for (int g = 0, n = wk_gpu_count(state); g < n; g++) {
+        int m = wk_gpu_minor(state, (unsigned)g);
+        snprintf(devname, sizeof devname, "nvidia%d", m < 0 ? g : m);
+        wk_open_device(state, devname, 1);
     }
     sock = driver_connect(state, err, errlen);
     if (sock < 0)

@@ -184,3 +184,10 @@ def test_attribution_prefers_nvml_then_maps_then_fds() -> None:
     assert _proctable.attribute(every_map, None) == {0, 1}
     nvml_client = _proctable.Holding(gpu_fds={0, 1}, other_fds={"nvidiactl"})
     assert _proctable.attribute(nvml_client, None) == {0, 1}
+
+
+def test_reasons_compress_runs_of_device_files() -> None:
+    h = _proctable.Holding(gpu_fds={0, 1, 2, 3, 5}, gpu_maps={0, 1, 2, 3})
+    assert h.describe() == ["holds nvidia0-3 (fd+mmap)", "holds nvidia5 (fd)"]
+    assert h.describe({2, 5}) == ["holds nvidia2 (fd+mmap)", "holds nvidia5 (fd)"]
+    assert _proctable.Holding(other_fds={"nvidiactl"}).describe() == ["holds nvidiactl"]
