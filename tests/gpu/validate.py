@@ -111,7 +111,10 @@ class RealBackend:
         return argv
 
     def spawn(self, specs: list[Spec]) -> list[Proc]:
-        popens = [subprocess.Popen(self.workload_argv(s), stdout=subprocess.PIPE, text=True, start_new_session=True) for s in specs]
+        popens = [
+            subprocess.Popen(self.workload_argv(s), stdout=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, **s.get("env", {})})
+            for s in specs
+        ]
         procs = []
         for p in popens:
             line = p.stdout.readline().split() if p.stdout else []
@@ -260,6 +263,7 @@ class Harness:
         self.b, self.a, self.tmp = backend, ansible, tmp
         self.checks: list[tuple[str, bool, str]] = []
         self.breakdown: dict[str, list[dict[str, float]]] = {}
+        self.floors: dict[str, list[dict[str, float]]] = {}
         self.holdings: dict[str, t.Any] = {}
         self.baseline = [g["used"] for g in backend.read()]
 
@@ -292,12 +296,24 @@ class Harness:
                 p.handle.wait()
         self.wait_clean()
 
-    def floor(self, specs: list[Spec]) -> float:
+    def floor(self, specs: list[Spec], name: str = "") -> float:
         procs = self.b.spawn(specs)
-        for p in procs:
-            for pid in p.pids():
-                os.kill(pid, signal.SIGKILL)
-        took = self.wait_clean()
+        pids = [pid for p in procs for pid in p.pids()]
+        start = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        # When the processes were gone (zombies hold no GPU memory), and when the memory was back.
+        exited_at = None
+        while not self.clean_now():
+            if exited_at is None and not any(_alive(pid) for pid in pids):
+                exited_at = time.monotonic() - start
+            if time.monotonic() - start > 30:
+                raise TimeoutError("GPUs not clean 30 s after SIGKILL")
+            time.sleep(0.002)
+        took = time.monotonic() - start
+        if exited_at is None:
+            exited_at = took
+        self.floors.setdefault(name, []).append({"exit_s": round(exited_at, 4), "release_after_exit_s": round(took - exited_at, 4)})
         self.cleanup(procs)
         return took
 
@@ -438,7 +454,7 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
         rows = []
         for name, specs in scenarios:
             print(f"scenario: {name}", flush=True)
-            floor = statistics.median(h.floor(specs) for _unused in range(repeat))
+            floor = statistics.median(h.floor(specs, name) for _unused in range(repeat))
             module = statistics.median(h.module(name, specs, mgmt) for _unused in range(repeat))
             playbook = h.playbook(name, specs)
             pipe, pipe_clean, _ran = h.pipeline(name, specs)
@@ -459,6 +475,11 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
                     "pipeline_clean": pipe_clean,
                 }
             )
+        if backend.count >= 2 and backend.name == "real":
+            # Does the CUDA driver open every GPU's file even when CUDA_VISIBLE_DEVICES hides some?
+            probe = backend.spawn([{"gpu": 0, "gib": 1, "env": {"CUDA_VISIBLE_DEVICES": "1"}}])
+            h.record_holdings("CUDA_VISIBLE_DEVICES=1, cuda:0", probe)
+            h.cleanup(probe)
         if backend.count >= 2:
             print("selective: gpus: [1]", flush=True)
             procs = backend.spawn([{"gpu": 0, "gib": 4}, {"gpu": 1, "gib": 4}])
@@ -485,7 +506,7 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int) -> int:
         print(f"goal {'met' if met else 'NOT met'}: {goal}")
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
-        data = {"info": info, "rows": rows, "checks": h.checks, "goals": goals, "breakdown": h.breakdown, "holdings": h.holdings}
+        data = {"info": info, "rows": rows, "checks": h.checks, "goals": goals, "breakdown": h.breakdown, "holdings": h.holdings, "floors": h.floors}
         (out_dir / f"gpu-{backend.name}.json").write_text(json.dumps(data, indent=2))
         (out_dir / f"gpu-{backend.name}.md").write_text(table + "\n")
     return 1 if failed else 0
