@@ -98,6 +98,7 @@ class ProcFacts:
     starttime: int
     state: str
     kernel: bool
+    sid: int = 0
 
 
 @dataclass
@@ -221,6 +222,7 @@ def read_facts(pid: int) -> ProcFacts | None:
         uid=uid,
         ppid=st["ppid"],
         pgid=st["pgid"],
+        sid=st["sid"],
         starttime=st["starttime"],
         state=st["state"],
         kernel=bool(st["flags"] & _proctable.PF_KTHREAD),
@@ -345,14 +347,22 @@ def discover(req: Request) -> Plan:
                 c.reasons.append(f"listed by NVML on GPU {gpu.index}" + (f" ({proc.used_mib} MiB)" if proc.used_mib is not None else ""))
 
     # Device-file holders.
-    # GPUs where NVML lists a pid that is not a live process here: memory that no visible process
-    # owns, the mark of a forked child holding a dead parent's context.
-    stale_minors = set()
-    for gpu in req.gpus:
-        for proc in req.nvml_processes.get(gpu.index, []):
+    # Pids NVML lists that are not a live process here, per GPU (every GPU): memory that no visible
+    # process owns, the mark of a forked child holding a dead parent's context.
+    stale_pids: dict[int, set[int]] = {}
+    for index, procs in req.nvml_processes.items():
+        for proc in procs:
             f = facts.get(proc.pid)
-            if f is None or f.state in ("Z", "X"):
-                stale_minors.add(gpu.minor)
+            if index in index_to_minor and (f is None or f.state in ("Z", "X")):
+                stale_pids.setdefault(index_to_minor[index], set()).add(proc.pid)
+    stale_minors = set(stale_pids) & selected
+
+    def linked(f: ProcFacts) -> set[int]:
+        """GPUs whose dead NVML-listed owner led this process's group or session: its parent's job."""
+        return {m for m, dead in stale_pids.items() if f.pgid in dead or f.sid in dead}
+
+    # A GPU with a holder linked to its dead owner is that holder's; other unlisted holders are not tied to it.
+    claimed = {m for pid, holding in holders.items() if pid in facts and not nvml_minors.get(pid) for m in linked(facts[pid])}
     for pid, holding in holders.items():
         if pid not in facts:
             continue
@@ -360,8 +370,11 @@ def discover(req: Request) -> Plan:
         mine = _proctable.attribute(holding, listed) & holding.minors & selected
         if not listed and not req.all_gpus:
             # The CUDA driver maps every GPU's device file, so a process NVML does not list is tied to a
-            # selected GPU only where NVML shows memory that no visible process owns.
-            mine &= stale_minors
+            # selected GPU only where NVML shows memory that no visible process owns: through its dead
+            # parent when that parent led its process group or session (another tenant's forked child,
+            # in a container on the same node, maps this GPU's file too), else by elimination.
+            ties = linked(facts[pid])
+            mine &= ties if ties else stale_minors - claimed
         if mine:
             c = cand(pid)
             c.holding = holding

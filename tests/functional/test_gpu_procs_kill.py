@@ -76,6 +76,19 @@ def test_a_forked_child_counts_only_for_the_gpu_whose_memory_it_holds(mod, node,
     node.wait_clean(timeout=5)
 
 
+def test_another_jobs_forked_child_is_not_tied_to_the_selected_gpu(mod, node, sandbox) -> None:
+    # Two jobs each left a forked child (both map every GPU's file, NVML lists neither): cleaning GPU 0
+    # ends only the child whose dead parent NVML lists there (it led the child's session), not the
+    # other job's, on GPU 1 - on a Proxmox node, another container's.
+    ours = sandbox.spawn_worker(gpus=[0], mib=6000, fork_child=True)
+    theirs = sandbox.spawn_worker(gpus=[1], mib=6000, fork_child=True)
+    assert wait_for(lambda: not ours.alive() and not theirs.alive())
+    r = mod("gpu_procs_kill", {"gpus": [0], **FAST})
+    assert set(by_pid(r)) == {ours.child_ns_pid}
+    assert not ours.child_alive() and theirs.child_alive()
+    assert node.memory(1)["used_mib"] == 6000
+
+
 def test_sigterm_ignoring_worker_is_killed_after_the_grace_period_not_before(mod, sandbox) -> None:
     w = sandbox.spawn_worker(gpus=[1], mib=4000, ignore_term=True)
     r = mod("gpu_procs_kill", {"grace_period": 1.5, "kill_timeout": 5})
