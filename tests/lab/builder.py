@@ -582,6 +582,11 @@ class Lab:
     # ------------------------------------------------------------------ sshd
     def _sshd_config(self, host: Host, env: dict[str, str]) -> Path:
         assert self.workdir is not None
+        # Each host has its own root home, as separate machines do: sessions read none of this
+        # machine's shell start-up files (bash sources ~/.bashrc for SSH commands).
+        home = host.dir / "root"
+        home.mkdir(mode=0o700, exist_ok=True)
+        env = {"HOME": str(home), **env}
         key = host.dir / "ssh_host_ed25519_key"
         if not key.exists():
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{host.name}-host", "-f", key)
