@@ -183,7 +183,7 @@ class Driver:
             desc = self.desc()
             delay, gap = desc.release_delay_ms * 1_000_000, desc.release_gap_ms * 1_000_000
         except OSError:
-            delay, gap = 100_000_000, 90_000_000
+            delay, gap = 185_000_000, 60_000_000
         with self.mutex:
             release = max(dead + delay, self.last_release.get(ctx.gpu, 0) + gap)
             self.last_release[ctx.gpu] = release

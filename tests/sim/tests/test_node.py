@@ -91,7 +91,7 @@ def test_wait_clean(node) -> None:
     with pytest.raises(TimeoutError):
         node.wait_clean(timeout=0.2)
     w.kill()
-    assert 0.08 <= node.wait_clean(timeout=2) < 0.3
+    assert 0.165 <= node.wait_clean(timeout=2) < 0.4
 
 
 def test_starting_8_workers_takes_under_a_second(node) -> None:
