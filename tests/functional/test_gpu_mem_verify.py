@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -216,3 +217,24 @@ def test_check_mode_reads_the_same(mod, sandbox) -> None:
     r = mod("gpu_mem_verify", {"timeout": 0, "fail_on_dirty": False}, check=True)
     assert r["_status"] == "ok" and r["changed"] is False
     assert r["gpus"][5]["used_mib"] == 2000
+
+
+def bare_python() -> str | None:
+    """A Python 3.9 without the collection's dependencies (pyenv's), to play a bare target."""
+    import glob
+
+    found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9.*/bin/python3")))
+    return found[-1] if found else None
+
+
+@pytest.mark.skipif(bare_python() is None, reason="no bare Python 3.9 on this machine")
+def test_missing_python_dependencies_give_install_advice_on_python_39(mod) -> None:
+    r = mod("gpu_mem_verify", interpreter=bare_python())
+    assert r["_status"] == "failed"
+    assert r["diagnosis"] == "missing_library"
+    assert "nvidia-ml-py" in r["msg"] and "Failed to import the required Python library" in r["msg"]
+    assert set(r["python"]["missing"]) == {"nvidia-ml-py", "psutil", "jmespath"}
+    assert r["python"]["version"].startswith("3.9.")
+    k = mod("gpu_procs_kill", interpreter=bare_python())
+    assert k["_status"] == "failed" and "psutil" in k["msg"]
+    assert_no_traceback(k)

@@ -144,7 +144,9 @@ def run_playbook(
         return AnsibleRun(proc.returncode, proc.stdout, proc.stderr, elapsed, records)
 
 
-def local_play(tasks: list[dict[str, Any]], name: str = "Test play", gather_facts: bool = False, **play: Any) -> list[dict[str, Any]]:
+def local_play(
+    tasks: list[dict[str, Any]], name: str = "Test play", gather_facts: bool = False, interpreter: str = VENV_PYTHON, **play: Any
+) -> list[dict[str, Any]]:
     """A one-play playbook against localhost over the local connection."""
     return [
         {
@@ -152,7 +154,7 @@ def local_play(tasks: list[dict[str, Any]], name: str = "Test play", gather_fact
             "hosts": "localhost",
             "connection": "local",
             "gather_facts": gather_facts,
-            "vars": {"ansible_python_interpreter": VENV_PYTHON},
+            "vars": {"ansible_python_interpreter": interpreter},
             **play,
             "tasks": tasks,
         }
@@ -167,12 +169,13 @@ def run_module(
     diff: bool = False,
     wrapper: Sequence[str] = (),
     timeout: float = 300,
+    interpreter: str = VENV_PYTHON,
 ) -> tuple[dict[str, Any], AnsibleRun]:
     """Run one module on localhost through ansible-playbook and return its result."""
     name = f"Run {module}"
     task: dict[str, Any] = {"name": name, module: module_args or {}}
     run = run_playbook(
-        local_play([task]),
+        local_play([task], interpreter=interpreter),
         inventory="localhost,",
         env=env,
         check=check,

@@ -27,6 +27,7 @@ class ModuleRunner:
         diff: bool = False,
         env: dict[str, str] | None = None,
         library: bool = True,
+        interpreter: str | None = None,
     ) -> dict[str, t.Any]:
         args = dict(args or {})
         if module in ("gpu_mem_verify", "gpu_procs_kill"):
@@ -36,7 +37,8 @@ class ModuleRunner:
         e["PATH"] = f"{SIM_BIN}:{self.node.bin_dir}:{os.environ.get('PATH', '')}"
         e.update(env or {})
         wrapper = self.sandbox.nsenter_prefix() if self.sandbox is not None else ()
-        result, run = run_module(f"gpuops.clean_slate.{module}", args, env=e, check=check, diff=diff, wrapper=wrapper)
+        extra = {"interpreter": interpreter} if interpreter else {}
+        result, run = run_module(f"gpuops.clean_slate.{module}", args, env=e, check=check, diff=diff, wrapper=wrapper, **extra)
         self.last_run = run
         result["_run"] = run
         return result
