@@ -190,7 +190,14 @@ class PctExec:
 
     def status(self, vmid: int) -> str:
         """The container's state from ``pct status``; raises for pct failures (absent container, sudo refused...)."""
-        argv = self.status_argv(vmid)
+        return self.status_verbose(vmid, verbose=False)["status"]
+
+    def status_verbose(self, vmid: int, verbose: bool = True) -> dict[str, str]:
+        """``pct status <vmid> [--verbose]`` as a dict: ``status``, and with ``verbose`` ``pid``, ``name``...
+
+        Raises for pct's own failures (absent container, sudo refused...).
+        """
+        argv = self.status_argv(vmid) + (["--verbose"] if verbose else [])
         rc, out, err = self.run_command(argv, None, False)
         if rc != 0:
             known = classify_pct_error(err, vmid)
@@ -208,7 +215,13 @@ class PctExec:
         m = _STATUS_LINE.search(out)
         if not m:
             raise self._fail("pct_failed", f"cannot read the state of container {vmid} from pct status: {out.strip()!r}", vmid, rc=rc, stdout=out, stderr=err)
-        return m.group(1)
+        info = {}
+        for line in out.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                info[key.strip().lower()] = value.strip()
+        info["status"] = m.group(1)
+        return info
 
     def path_exists(self, vmid: int, path: str, keep_env: bool = False) -> bool:
         """Whether ``path`` exists inside the container (``test -e``), for ``creates``/``removes``."""

@@ -199,21 +199,11 @@ def resolve_users(users: t.Sequence[t.Any]) -> set[int] | None:
 def read_facts(pid: int) -> ProcFacts | None:
     """Cheap facts from /proc; None if the process is gone."""
     st = _proctable.read_stat(pid)
-    if st is None:
+    command = _proctable.read_command(pid)
+    if st is None or command is None:
         return None
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            cmdline = fh.read().rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        cmdline = ""
-    try:
-        exe: str | None = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        exe = None
-    try:
-        uid: int | None = os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        uid = None
+    raw, exe, uid = command
+    cmdline = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
     return ProcFacts(
         pid=pid,
         comm=st["comm"],

@@ -114,6 +114,21 @@ def read_stat(pid: int) -> dict[str, t.Any] | None:
     }
 
 
+def read_command(pid: int) -> tuple[bytes, str | None, int | None] | None:
+    """The raw command line, the executable and the owner's uid of ``pid``; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+        uid: int | None = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    try:
+        exe: str | None = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = None  # kernel threads and other users' processes do not show it
+    return cmdline, exe, uid
+
+
 def identity(pid: int) -> tuple[int, str, bytes, str | None, int | None] | None:
     """What names one process over time: start time, comm, cmdline, executable and owner.
 
@@ -123,21 +138,10 @@ def identity(pid: int) -> tuple[int, str, bytes, str | None, int | None] | None:
     process is re-parented, which says nothing about its identity.
     """
     st = read_stat(pid)
-    if st is None:
+    command = read_command(pid)
+    if st is None or command is None:
         return None
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            cmdline = fh.read()
-    except OSError:
-        return None
-    try:
-        exe: str | None = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        exe = None
-    try:
-        uid: int | None = os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
+    cmdline, exe, uid = command
     return (st["starttime"], st["comm"], cmdline, exe, uid)
 
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._pct import PctExec
 
-RunCommand = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
+RunCommand = t.Callable[[t.List[str], t.Optional[str], bool], t.Tuple[int, str, str]]
 
 
 @dataclass
@@ -45,30 +46,24 @@ def _parse_kv(text: str) -> dict[str, str]:
     return out
 
 
-def resolve(vmids: t.Sequence[int], run: RunCommand, pct: str | None, lxc_info: str | None, node: str = "this node") -> list[Scope]:
-    """Resolve container ids to their init pid and PID namespace, or raise a clear error."""
+def resolve(vmids: t.Sequence[int], run: RunCommand, pct: str | None, lxc_info: str | None) -> list[Scope]:
+    """Resolve container ids to their init pid and PID namespace, or raise a clear error.
+
+    ``run`` takes ``(argv, data, binary_data)`` and returns ``(rc, stdout, stderr)``.
+    """
     scopes = []
     for vmid in vmids:
         if pct:
-            rc, out, err = run([pct, "status", str(vmid), "--verbose"])
-            text = f"{out}\n{err}"
-            if rc != 0 or "does not exist" in text:
-                if "does not exist" in text:
-                    raise CleanSlateError(
-                        f"containers: container {vmid} does not exist on {node} (pct only sees containers of the node it runs on);"
-                        " run the task on the Proxmox node that hosts it.",
-                        reason="no_such_container",
-                        vmid=vmid,
-                    )
-                raise CleanSlateError(f"containers: 'pct status {vmid}' failed (rc {rc}): {err.strip() or out.strip()}", reason="bad_arguments", vmid=vmid)
-            info = _parse_kv(out)
+            try:
+                info = PctExec(pct, run).status_verbose(vmid)
+            except CleanSlateError as exc:
+                raise CleanSlateError(f"containers: {exc.msg}", reason=exc.reason, vmid=vmid) from None
             status, pid_text = info.get("status", "unknown"), info.get("pid", "")
         elif lxc_info:
-            rc, out, err = run([lxc_info, "-n", str(vmid), "-s", "-p"])
+            rc, out, err = run([lxc_info, "-n", str(vmid), "-s", "-p"], None, False)
             if rc != 0:
-                raise CleanSlateError(
-                    f"containers: container {vmid} does not exist on {node} ({err.strip() or 'lxc-info failed'}).", reason="no_such_container", vmid=vmid
-                )
+                detail = err.strip() or "lxc-info failed"
+                raise CleanSlateError(f"containers: container {vmid} does not exist here ({detail}).", reason="no_such_container", vmid=vmid)
             info = _parse_kv(out)
             status, pid_text = info.get("state", "unknown").lower(), info.get("pid", "")
         else:

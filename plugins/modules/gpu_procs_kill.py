@@ -352,7 +352,7 @@ def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
     if p["containers"]:
         pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
         lxc_info = None if pct else module.get_bin_path("lxc-info", opt_dirs=["/usr/bin", "/usr/sbin"])
-        scopes = _scope.resolve(p["containers"], module.run_command, pct, lxc_info)
+        scopes = _scope.resolve(p["containers"], lambda argv, data, binary: module.run_command(argv, data=data, binary_data=binary), pct, lxc_info)
     return _procs.Request(
         gpus=gpus,
         all_gpus=not selectors,
