@@ -15,7 +15,7 @@ import typing as t
 from pathlib import Path
 
 import pytest
-from lab.builder import VENV_PYTHON, Host, Lab
+from lab.builder import ROOT, VENV_PYTHON, Host, Lab
 from support.ansible import AnsibleRun
 
 pytestmark = pytest.mark.lab
@@ -317,3 +317,31 @@ def test_the_lab_is_its_own_world(lab: Lab) -> None:
         assert c.init is not None and len(c.init.levels) == 3 and c.init.levels[-1] == 1
         if c.cgroup is not None:
             assert Path(f"/proc/{c.init.pid}/cgroup").read_text().strip().endswith(f"/lxc/{c.vmid}")
+
+
+# ---------------------------------------------------------------------- as AWX runs it
+def test_awx_wrapper_playbook_with_survey_strings_publishes_artifacts(fresh: Lab, tmp_path: Path) -> None:
+    """docs/examples/awx: the one-line wrapper playbook, survey answers as strings (AWX text
+    fields), and the set_stats artifacts a workflow's next node receives."""
+    lab = fresh
+    survey = {
+        "clean_slate_grace_period": "1",
+        "clean_slate_kill_timeout": "5",
+        "clean_slate_verify_timeout": "10",
+        "clean_slate_max_used_mib": "64",
+        "clean_slate_fail_on_dirty": "true",
+        "clean_slate_expected_gpus": "0",
+        "clean_slate_report_dir": str(tmp_path / "reports"),
+    }
+    run = lab.playbook(ROOT / "docs" / "examples" / "awx" / "clean_slate.yml", extra_vars=survey)
+    assert run.rc == 0, run.output
+    artifacts = run.stats["custom"]["_run"]["clean_slate"]
+    assert set(artifacts) == GPU_HOSTS
+    for name in GPU_HOSTS:
+        entry = artifacts[name]
+        assert entry["clean"] is True and entry["failure"] == "", entry
+        assert entry["ended"] == len(lab[name].workload) and entry["gpu_count"] == len(lab[name].gpus)
+        assert "gpus" not in entry and "targets" not in entry  # the bulky parts stay in the per-host report
+        report = json.loads((tmp_path / "reports" / f"{name}.json").read_text())
+        assert report["summary"] == entry["summary"] and len(report["targets"]) == entry["ended"]
+        assert_clean(lab, run, name)
