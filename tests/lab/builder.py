@@ -321,7 +321,6 @@ class Lab:
         self._netns: list[str] = []
         self._cgroups: list[Path] = []
         self._torn_down = False
-        self._vmid_order: list[int] = []
 
     # ------------------------------------------------------------------ views
     @property

@@ -21,7 +21,6 @@ from support.ansible import AnsibleRun
 pytestmark = pytest.mark.lab
 
 GPU_HOSTS = {"pve1", "pve2", "ct101", "ct102", "ct201"}
-ALL_PHASE_TASKS = ("Take the before picture", "End the GPU processes", "Wait until every GPU is clean")
 
 
 # ---------------------------------------------------------------------- helpers
@@ -42,6 +41,11 @@ def result_of(run: AnsibleRun, host: str) -> dict[str, t.Any]:
 
 def stats(run: AnsibleRun) -> dict[str, dict[str, int]]:
     return run.stats["stats"]
+
+
+def run_targets(run: AnsibleRun, name: str) -> list[dict[str, t.Any]]:
+    """What gpu_procs_kill ended (or, in check mode, would end) for ``name``."""
+    return run.task("End the GPU processes", host=name)["result"]["targets"]
 
 
 def assert_clean(lab: Lab, run: AnsibleRun, name: str) -> None:
@@ -109,7 +113,7 @@ def test_pct_on_the_hypervisor_enters_the_container(fresh: Lab) -> None:
             "hosts": "pve1",
             "gather_facts": False,
             "tasks": [
-                {"name": "Status", "ansible.builtin.command": "pct status 102 --verbose", "register": "st"},
+                {"name": "Status", "ansible.builtin.command": "pct status 102 --verbose"},
                 {"name": "Inside", "gpuops.clean_slate.pct_exec": {"vmid": 102, "argv": ["ps", "-eo", "pid=,args="]}},
                 {"name": "Other node", "ansible.builtin.command": "pct exec 201 -- true", "failed_when": False},
                 {"name": "Module on the other node's container", "gpuops.clean_slate.pct_exec": {"vmid": 201, "argv": ["true"]}, "ignore_errors": True},
@@ -151,6 +155,7 @@ def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
         assert_clean(lab, run, name)
         kill = run.task("End the GPU processes", host=name)["result"]
         assert {tg["pid"] for tg in kill["targets"]} == targets[name], (name, kill["targets"])
+        assert all(tg["outcome"] in ("terminated", "killed") for tg in kill["targets"]), kill["targets"]
         assert result_of(run, name)["mode"] == ("hypervisor" if host.reach == "hypervisor" else "local")
         if host.reach == "hypervisor":
             assert {tg["container"] for tg in kill["targets"]} == {host.vmid}
@@ -200,7 +205,8 @@ def test_check_mode_ends_nothing(fresh: Lab) -> None:
         assert res["check_mode"] is True
         assert res["ended"] == 0
         assert res["would_end"] == len(lab[name].workload), (name, res)
-        assert {tg["pid"] for tg in run.task("End the GPU processes", host=name)["result"]["targets"]} == expected_pids(lab[name])
+        assert {tg["pid"] for tg in run_targets(run, name)} == expected_pids(lab[name])
+        assert all(tg["signals_sent"] == [] for tg in run_targets(run, name))
         assert_untouched(lab, name, before[name])
 
 
@@ -217,10 +223,6 @@ def test_second_run_reports_no_changes(fresh: Lab) -> None:
         res = result_of(second, name)
         assert res["ended"] == 0 and res["clean"] is True, res
         assert run_targets(second, name) == []
-
-
-def run_targets(run: AnsibleRun, name: str) -> list[dict[str, t.Any]]:
-    return run.task("End the GPU processes", host=name)["result"]["targets"]
 
 
 # ---------------------------------------------------------------------- failures stay per host
