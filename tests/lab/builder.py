@@ -340,7 +340,11 @@ class Lab:
             raise LabError("the lab needs root (network namespaces, sshd, cgroups)")
         if not in_private_pidns() or os.environ.get("GPUOPS_PIDNS") != "1":
             raise LabError("the lab runs only inside tests/tools/pidns-run (make lab)")
-        for tool in ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "setsid", "mount"):
+        tools = ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "setsid", "mount")
+        if not os.path.exists(SSHD) or not all(shutil.which(tool) for tool in tools):
+            # openssh-server, openssh-client, iproute2: installed when missing (Debian, root).
+            subprocess.run([str(TESTS / "tools" / "install-system-deps")], check=False)
+        for tool in tools:
             if not shutil.which(tool):
                 raise LabError(f"{tool} is missing: run tests/tools/install-system-deps")
         if not os.path.exists(SSHD):
