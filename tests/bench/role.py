@@ -140,7 +140,7 @@ def lab_runs(repeat: int) -> dict[str, list[dict[str, Any]]]:
     lab = Lab()
     try:
         lab.build()
-        for _ in range(repeat):
+        for _unused in range(repeat):
             for name, kw in configs.items():
                 lab.reset()
                 lab.close_connections()
@@ -188,8 +188,8 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpuops-bench-") as tmpdir:
         for scenario in ("plain", "messy"):
-            ours = [local_playbook(scenario) for _ in range(args.repeat)]
-            pipe = [local_pipeline(scenario, Path(tmpdir)) for _ in range(args.repeat)]
+            ours = [local_playbook(scenario) for _unused in range(args.repeat)]
+            pipe = [local_pipeline(scenario, Path(tmpdir)) for _unused in range(args.repeat)]
             rows.append(
                 {
                     "what": f"1 node, {scenario}: playbook (local)",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -520,7 +521,7 @@ def format_table(rows: list[dict[str, t.Any]], info: dict[str, t.Any]) -> str:
     lines = [f"{info.get('gpu')} x{info.get('gpus')}, driver {info.get('driver')}", "", head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         work = r["to_clean"]
-        ratio = r["pipeline"] / work if work == work and work else float("nan")
+        ratio = r["pipeline"] / work if work and not math.isnan(work) else float("nan")
         lines.append(
             f"| {r['scenario']} | {r['floor']:.3f} | {work:.3f} | {r['kill_module']:.3f} | {r['handover']:.3f} | {r['module']:.3f}"
             f" | {r['playbook']:.2f} | {r['pipeline']:.2f}"

@@ -125,10 +125,10 @@ def recv_ready(sock: socket.socket, timeout: float, what: str) -> tuple[str, int
     data, sender = b"", 0
     while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
-        readable, _, _ = select.select([sock], [], [], max(0.0, left))
+        readable, _unused, _unused = select.select([sock], [], [], max(0.0, left))
         if not readable:
             raise LabError(f"{what}: not ready after {timeout} s")
-        chunk, anc, _, _ = sock.recvmsg(256, socket.CMSG_SPACE(CRED.size))
+        chunk, anc, _unused, _unused = sock.recvmsg(256, socket.CMSG_SPACE(CRED.size))
         for level, kind, cdata in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                 sender = CRED.unpack(cdata[: CRED.size])[0]
@@ -184,7 +184,7 @@ class Proc:
     def alive(self) -> bool:
         if self._fd < 0:
             return False
-        readable, _, _ = select.select([self._fd], [], [], 0)
+        readable, _unused, _unused = select.select([self._fd], [], [], 0)
         return not readable
 
     def signal(self, sig: int = signal.SIGKILL) -> None:
@@ -197,7 +197,7 @@ class Proc:
     def wait_gone(self, timeout: float = 5.0) -> bool:
         if self._fd < 0:
             return True
-        readable, _, _ = select.select([self._fd], [], [], timeout)
+        readable, _unused, _unused = select.select([self._fd], [], [], timeout)
         return bool(readable)
 
     def close(self) -> None:
