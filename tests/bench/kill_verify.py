@@ -170,11 +170,11 @@ def main() -> int:
     columns = [
         ("scenario", 8),
         ("floor s", 7),
-        ("ours (modules) s", 16),
+        ("ours: kill to verified clean s", 29),
         ("ours (playbook) s", 17),
         ("pipeline s", 10),
-        ("modules/pipeline", 16),
-        ("modules - floor s", 17),
+        ("ours/pipeline", 13),
+        ("ours - floor s", 14),
         ("clean ours/pipe", 15),
         ("daemons kept ours/pipe", 22),
     ]
@@ -182,8 +182,8 @@ def main() -> int:
     print("|" + "|".join("-" * (width + 2) for _name, width in columns) + "|")
     for r in rows:
         print(
-            f"| {r['scenario']:<8} | {r['floor']:>7.3f} | {r['modules']:>16.3f} | {r['playbook']:>17.2f} | {r['pipeline']:>10.2f} |"
-            f" {r['modules'] / r['pipeline']:>15.1%} | {r['modules'] - r['floor']:>17.3f} |"
+            f"| {r['scenario']:<8} | {r['floor']:>7.3f} | {r['modules']:>29.3f} | {r['playbook']:>17.2f} | {r['pipeline']:>10.2f} |"
+            f" {r['modules'] / r['pipeline']:>13.1%} | {r['modules'] - r['floor']:>14.3f} |"
             f" {('yes' if r['ours_clean'] else 'NO') + '/' + ('yes' if r['pipe_clean'] else 'NO'):>15} |"
             f" {str(r['ours_daemons']) + '/3 vs ' + str(r['pipe_daemons']) + '/3':>22} |"
         )
