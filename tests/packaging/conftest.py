@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.ansible import ROOT, VENV
+from support.packaging import clean_env
 
 VERSION = "0.1.0"
 
@@ -31,10 +32,11 @@ def installed(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A collections path holding only the installed artifact."""
     dest = tmp_path_factory.mktemp("collections")
     subprocess.run(
-        [str(VENV / "bin" / "ansible-galaxy"), "collection", "install", "--offline", "-p", str(dest), str(artifact)],
+        [str(VENV / "bin" / "ansible-galaxy"), "collection", "install", "--offline", "--force", "-p", str(dest), str(artifact)],
         check=True,
         capture_output=True,
         cwd=dest,
+        env=clean_env(),
     )
     assert (dest / "ansible_collections" / "gpuops" / "clean_slate" / "MANIFEST.json").exists()
     return dest

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 from support.ansible import ROOT, VENV
+from support.packaging import clean_env
 
 
 def builder(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -49,8 +50,9 @@ def test_build_context_installs_the_collection(artifact: Path, tmp_path: Path) -
     # The image's galaxy stage, run here: from /build, install the requirements.
     dest = tmp_path / "image-collections"
     run = subprocess.run(
-        [str(VENV / "bin" / "ansible-galaxy"), "collection", "install", "--offline", "-r", "requirements.yml", "-p", str(dest)],
+        [str(VENV / "bin" / "ansible-galaxy"), "collection", "install", "--offline", "--force", "-r", "requirements.yml", "-p", str(dest)],
         cwd=context / "_build",
+        env=clean_env(),
         capture_output=True,
         text=True,
         check=False,

@@ -10,6 +10,12 @@ from pathlib import Path
 from support.ansible import ROOT, VENV
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without Ansible settings: make (and the repo's ansible.cfg) put the
+    checkout itself on the collections path, where ansible-galaxy would find gpuops.clean_slate installed."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+
+
 def isolated_env(collections: Path, tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """An environment where only ``collections`` provides gpuops.clean_slate."""
     cfg = tmp / "ansible.cfg"
