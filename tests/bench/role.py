@@ -31,7 +31,6 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "sim")]
 
 from gpusim import Node  # noqa: E402
-from kill_verify import PIPELINE, build, survivors  # noqa: E402
+from kill_verify import build, run_pipeline, survivors  # noqa: E402
 from support.ansible import VENV_PYTHON, AnsibleRun, run_playbook  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -116,19 +115,9 @@ def local_playbook(scenario: str) -> dict[str, Any]:
 
 
 def local_pipeline(scenario: str, tmp: Path) -> dict[str, Any]:
-    with Node(gpus=8) as node:
-        sb = node.sandbox()
-        work = build(node, sb, scenario)
-        out_file = tmp / f"smi-{scenario}.txt"
-        env = node.env()
-        env.update(DEV=str(node.dev_dir), OUT=str(out_file), PATH=f"{node.bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin")
-        start = time.monotonic()
-        sb.run(["bash", "-c", PIPELINE], env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wall = time.monotonic() - start
-        lines = out_file.read_text().splitlines() if out_file.exists() else []
-        out = {"wall": wall, "clean": sum(1 for line in lines if line.endswith(", 0 MiB")) == 8, "daemons": len(survivors(work))}
-        sb.stop()
-        return out
+    """The hand-run pipeline on the same workload: kill_verify's run, in its terms here."""
+    result = run_pipeline(scenario, tmp)
+    return {"wall": result["wall"], "clean": result["clean"], "daemons": len(result["daemons_left"])}
 
 
 # ---------------------------------------------------------------------- lab

@@ -9,7 +9,7 @@ See docs/lab.md for the picture. In short:
   simulator on 127.0.0.1) holds the bridge ``gpuopslab0`` with 10.77.0.1/24; veth links go
   to the network namespaces ``pve1``, ``pve2`` and ``ct101``;
 * a hypervisor is a network namespace + PID namespace (+ its own /proc) whose pid 1 is
-  ``pid1.py``, running its own ``sshd`` on its address, with a gpusim node (8 GPUs) whose
+  ``gpusim/_sbinit.py``, running its own ``sshd`` on its address, with a gpusim node (8 GPUs) whose
   sessions get ``GPUSIM_STATE``, ``LD_LIBRARY_PATH``, ``PCTSIM_DIR`` and a PATH with the fake
   ``pct``;
 * a container is a PID namespace nested in its hypervisor's (so the hypervisor's /proc sees
@@ -55,7 +55,8 @@ from pvesim import PveSim, load_cluster, parse_conf  # noqa: E402
 from support.ansible import VENV, VENV_PYTHON, AnsibleRun, ansible_env, run_playbook  # noqa: E402
 
 CLUSTER_FILE = TESTS / "sim" / "pvesim" / "clusters" / "lab.yml"
-PID1 = HERE / "pid1.py"
+# A reaping init, the same as a gpusim sandbox's.
+PID1 = HERE.parent / "sim" / "gpusim" / "_sbinit.py"
 FAKE_PCT = TESTS / "sim" / "bin" / "pct"
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
 WORKER = BIN_DIR / "gpusim-worker"

@@ -130,7 +130,7 @@ def test_pct_on_the_hypervisor_enters_the_container(fresh: Lab) -> None:
     rows = [line.split(None, 1) for line in inside["stdout_lines"]]
     listed = {int(pid): args for pid, args in rows if not args.startswith("ps ")}
     # Exactly the container's processes, with the pids of its own namespace (its init is 1).
-    assert "pid1.py" in listed.pop(1)
+    assert "_sbinit.py" in listed.pop(1)
     assert listed == {p.pid_at(2): p.name.replace(" (forked child)", "") for p in [*ct102.workload, *ct102.daemons.values()]}
     other = run.task("Other node", host="pve1")["result"]
     assert other["rc"] == 255

@@ -1,6 +1,7 @@
 """Init (pid 1) of a gpusim sandbox: reaps every orphan, as a container's init must.
 
-Run as ``python -I -S _sbinit.py READY_FD EXIT_LOG`` by ``unshare --pid --fork --mount-proc``.
+Run as ``python -I -S _sbinit.py READY_FD [EXIT_LOG]`` by ``unshare --pid --fork --mount-proc``
+(the multi-host lab uses it as the init of its hosts and containers too).
 Orphans in a PID namespace are re-parented to its init; without reaping they
 would stay zombies. As pid 1 of a namespace it ignores signals it has no
 handler for, so only SIGKILL from outside (Sandbox.stop) ends it, and with it
@@ -16,7 +17,7 @@ import sys
 
 def main() -> None:
     ready = int(sys.argv[1])
-    log = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    log = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644) if len(sys.argv) > 2 else None
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     os.write(ready, b"ready\n")
     os.close(ready)
@@ -29,7 +30,8 @@ def main() -> None:
                 break
             if pid == 0:
                 break
-            os.write(log, f"{pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+            if log is not None:
+                os.write(log, f"{pid} {os.waitstatus_to_exitcode(status)}\n".encode())
 
 
 if __name__ == "__main__":
