@@ -178,6 +178,25 @@ class PidHandle:
 
 
 # ------------------------------------------------------------------ OFD locks
+def device_fds(pid: int) -> set[str]:
+    """Names of the gpusim (or NVIDIA) device files ``pid`` holds open, e.g. {"nvidia3", "nvidiactl"}."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if "/dev/nvidia" in target:
+            out.add(os.path.basename(target))
+    return out
+
+
+def device_map_lines(pid: int) -> list[str]:
+    """The lines of /proc/PID/maps that map a gpusim (or NVIDIA) device file."""
+    with open(f"/proc/{pid}/maps") as f:
+        return [line for line in f if "/dev/nvidia" in line]
+
+
 def ofd_lock_held(fd: int, offset: int) -> bool:
     """Is byte `offset` locked by some other open file description?"""
     arg = struct.pack(FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from gpusim import WorkerError
-from gpusim.procfs import state
+from gpusim.procfs import device_fds, device_map_lines, state
 
 pytestmark = pytest.mark.pidns
 
@@ -16,20 +16,11 @@ MIB = 1 << 20
 
 
 def dev_fds(pid: int) -> set[str]:
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if "/dev/nvidia" in target:
-            out.add(os.path.basename(target))
-    return out
+    return device_fds(pid)
 
 
 def dev_maps(pid: int) -> set[str]:
-    with open(f"/proc/{pid}/maps") as f:
-        return {os.path.basename(line.split()[-1]) for line in f if "/dev/nvidia" in line}
+    return {os.path.basename(line.split()[-1]) for line in device_map_lines(pid)}
 
 
 def test_worker_holds_memory_on_its_gpu_only(node, nvml) -> None:

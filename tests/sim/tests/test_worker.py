@@ -10,25 +10,13 @@ import time
 import psutil
 import pytest
 from gpusim import paths
+from gpusim.procfs import device_fds, device_map_lines
 
 pytestmark = pytest.mark.pidns
 
 
-def fds(pid: int) -> set[str]:
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if "/dev/nvidia" in target:
-            out.add(os.path.basename(target))
-    return out
-
-
-def maps(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/maps") as f:
-        return [line for line in f if "/dev/nvidia" in line]
+fds = device_fds
+maps = device_map_lines
 
 
 ALL_DEVICES = {f"nvidia{i}" for i in range(8)} | {"nvidiactl", "nvidia-uvm"}
