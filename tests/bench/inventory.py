@@ -36,7 +36,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "sim")]
 
 from pvesim import PveSim  # noqa: E402
 from pvesim.generate import benchmark_cluster, gpu_guests  # noqa: E402
-from support.ansible import VENV, ansible_env  # noqa: E402
+from support.ansible import VENV, ansible_env, plain, write_docs_section  # noqa: E402
 
 ANSIBLE_PACKAGE = "ansible==14.5.0"
 COMMUNITY_VENV = Path(tempfile.gettempdir()) / "gpuops-bench" / "community-ansible-14.5.0"
@@ -64,16 +64,6 @@ def community_version(bindir: Path) -> str:
         "print(json.load(open(pathlib.Path(m.__path__[0]) / 'MANIFEST.json'))['collection_info']['version'])"
     )
     return subprocess.run([str(bindir / "python"), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-
-
-def plain(value):
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
 
 
 def run_inventory(sim: PveSim, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[dict, float, int]:
@@ -224,14 +214,7 @@ for the job's filter).
   The request ratio is bounded by the API: community spends 3-5 requests per guest, ours one per
   guest whose config it reads, so below 5x unless a filter leaves some guests out.
 """
-    text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
-    DOCS.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    write_docs_section(DOCS, SECTION, section)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "sim")]
 
 from gpusim import Node  # noqa: E402
 from kill_verify import build, run_pipeline, survivors  # noqa: E402
-from support.ansible import VENV_PYTHON, AnsibleRun, run_playbook  # noqa: E402
+from support.ansible import VENV_PYTHON, AnsibleRun, local_inventory, run_playbook, write_docs_section  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Role: the clean_slate playbook, local and on the 5-host lab"
@@ -83,16 +83,9 @@ def local_playbook(scenario: str) -> dict[str, Any]:
     with Node(gpus=8) as node, tempfile.TemporaryDirectory(prefix="gpuops-bench-role-") as tmp:
         sb = node.sandbox()
         work = build(node, sb, scenario)
-        inventory = Path(tmp) / "inventory.yml"
-        inventory.write_text(
-            "gpu_nodes:\n"
-            "  hosts:\n"
-            "    gpu-node-1:\n"
-            "      ansible_connection: local\n"
-            f"      ansible_python_interpreter: {VENV_PYTHON}\n"
-            f"      clean_slate_device_dir: {node.dev_dir}\n"
-            "      clean_slate_expected_gpus: 8\n"
-            f"      clean_slate_grace_period: {GRACE}\n"
+        inventory = local_inventory(
+            Path(tmp) / "inventory.yml",
+            {"gpu-node-1": {"clean_slate_device_dir": str(node.dev_dir), "clean_slate_expected_gpus": 8, "clean_slate_grace_period": GRACE}},
         )
         env = node.env()
         env["PATH"] = f"{node.bin_dir}:{os.environ.get('PATH', '')}"
@@ -305,14 +298,7 @@ inventory and every role task included), median of {repeat} runs, each on a fres
   containers without network run theirs on their hypervisor. Everything else the role does
   (argument validation, mode, summary, set_stats) runs on the controller.
 """
-    text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
-    DOCS.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    write_docs_section(DOCS, SECTION, section)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "sim")]
 
 from gpusim import Node  # noqa: E402
-from support.ansible import ROOT, VENV_PYTHON, run_playbook  # noqa: E402
+from support.ansible import ROOT, local_inventory, run_playbook  # noqa: E402
 
 DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 
@@ -50,16 +50,9 @@ def main() -> int:
         print("  a vLLM worker on GPU 7 that ignores SIGTERM, and " + ", ".join(DAEMONS) + " (must survive).\n")
 
         with tempfile.TemporaryDirectory(prefix="gpuops-demo-") as tmp:
-            inventory = Path(tmp) / "inventory.yml"
-            inventory.write_text(
-                "gpu_nodes:\n"
-                "  hosts:\n"
-                "    gpu-node-1:\n"
-                "      ansible_connection: local\n"
-                f"      ansible_python_interpreter: {VENV_PYTHON}\n"
-                f"      clean_slate_device_dir: {node.dev_dir}\n"
-                "      clean_slate_expected_gpus: 8\n"
-                "      clean_slate_grace_period: 3\n"
+            inventory = local_inventory(
+                Path(tmp) / "inventory.yml",
+                {"gpu-node-1": {"clean_slate_device_dir": str(node.dev_dir), "clean_slate_expected_gpus": 8, "clean_slate_grace_period": 3}},
             )
             env = node.env()
             env["PATH"] = f"{node.bin_dir}:{os.environ.get('PATH', '')}"

@@ -16,22 +16,11 @@ import time
 import typing as t
 from pathlib import Path
 
-from support.ansible import ROOT, VENV, ansible_env
+from support.ansible import ROOT, VENV, ansible_env, plain
 
 FAKE_PCT = str(ROOT / "tests" / "sim" / "bin" / "pct")
 INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
 CLUSTER_SOURCE = INVENTORY_DIR / "cluster.proxmox.yml"
-
-
-def plain(value: t.Any) -> t.Any:
-    """ansible-inventory JSON with the unsafe-string wrappers removed."""
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
 
 
 def ansible_inventory(source: str | Path, env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -187,3 +187,36 @@ def run_module(
     result = dict(record["result"])
     result["_status"] = record["status"]
     return result, run
+
+
+def plain(value: Any) -> Any:
+    """ansible-inventory JSON with the unsafe-string wrappers removed."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def local_inventory(path: Path, hosts: dict[str, dict[str, Any]], group: str = "gpu_nodes") -> Path:
+    """Write an inventory of local-connection hosts (on simulated nodes) in ``group``.
+
+    Each host gets the controller venv's interpreter; ``hosts`` maps names to extra host vars.
+    """
+    inventory = {group: {"hosts": {name: {"ansible_connection": "local", "ansible_python_interpreter": VENV_PYTHON, **hv} for name, hv in hosts.items()}}}
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return path
+
+
+def write_docs_section(docs: Path, heading: str, section: str) -> None:
+    """Replace (or append) the ``## heading`` section of a Markdown file, leaving the others alone."""
+    text = docs.read_text(encoding="utf-8") if docs.exists() else "# Benchmarks\n"
+    start = text.find(heading)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        nxt = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
+    docs.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
