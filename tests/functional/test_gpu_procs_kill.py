@@ -89,6 +89,37 @@ def test_another_jobs_forked_child_is_not_tied_to_the_selected_gpu(mod, node, sa
     assert node.memory(1)["used_mib"] == 6000
 
 
+def test_a_foreign_pid_from_an_old_driver_never_reaches_the_process_that_has_that_number_here(mod, node, sandbox) -> None:
+    """Drivers before 535.113 report host pids inside containers: the number may name an innocent here."""
+    outside = node.spawn_worker(gpus=[1], mib=8000)
+    node.set_fault(legacy_pids=True)
+    # Make a process in the sandbox take exactly that number, then let NVML name it.
+    innocent = sandbox.popen(["sh", "-c", f"echo {outside.pid - 1} > /proc/sys/kernel/ns_last_pid; exec sleep 60 & wait"])
+    assert wait_for(lambda: any(n[-1] == outside.pid for n in sandbox_nspids(sandbox)))
+    r = mod("gpu_procs_kill", FAST)
+    assert r["_status"] == "ok", r
+    assert outside.pid not in by_pid(r)
+    assert any(i["pid"] == outside.pid and "does not hold nvidia1" in i["why"] for i in r["ignored"])
+    assert any(n[-1] == outside.pid for n in sandbox_nspids(sandbox)), "the innocent process was signalled"
+    assert outside.alive()
+    innocent.kill()
+
+
+def sandbox_nspids(sandbox) -> list[list[int]]:
+    """NSpid of every process in the sandbox, read from this namespace."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    levels = next(line.split()[1:] for line in fh if line.startswith("NSpid:"))
+                if os.stat(f"/proc/{pid}/ns/pid").st_ino == os.stat(f"/proc/{sandbox.init_pid}/ns/pid").st_ino:
+                    out.append([int(x) for x in levels])
+            except (OSError, StopIteration):
+                continue
+    return out
+
+
 def test_sigterm_ignoring_worker_is_killed_after_the_grace_period_not_before(mod, sandbox) -> None:
     w = sandbox.spawn_worker(gpus=[1], mib=4000, ignore_term=True)
     r = mod("gpu_procs_kill", {"grace_period": 1.5, "kill_timeout": 5})

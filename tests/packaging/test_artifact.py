@@ -45,16 +45,18 @@ def test_artifact_holds_the_collection_and_no_test_or_lab_files(artifact: Path) 
 
 def test_ansible_doc_renders_from_the_installed_artifact(installed: Path, tmp_path: Path) -> None:
     env = isolated_env(installed, tmp_path)
-    for args in (
-        ["ansible-doc", "gpuops.clean_slate.gpu_procs_kill"],
-        ["ansible-doc", "gpuops.clean_slate.gpu_mem_verify"],
-        ["ansible-doc", "gpuops.clean_slate.pct_exec"],
-        ["ansible-doc", "-t", "inventory", "gpuops.clean_slate.proxmox"],
-        ["ansible-doc", "-t", "role", "gpuops.clean_slate.clean_slate"],
+    for args, words in (
+        (["ansible-doc", "gpuops.clean_slate.gpu_procs_kill"], "Finds every process holding the selected GPUs"),
+        (["ansible-doc", "gpuops.clean_slate.gpu_mem_verify"], "Polls NVML in-process until every selected GPU is clean"),
+        (["ansible-doc", "gpuops.clean_slate.pct_exec"], "executes a command inside one of that node's LXC containers"),
+        (["ansible-doc", "-t", "inventory", "gpuops.clean_slate.proxmox"], "finds the guests that use a GPU"),
+        (["ansible-doc", "-t", "role", "gpuops.clean_slate.clean_slate"], "Give GPU nodes and LXC guests a verified clean slate"),
     ):
         out = ansible([str(VENV / "bin" / args[0]), *args[1:]], env, tmp_path)
         assert out.returncode == 0, out.stderr
-        assert "gpuops.clean_slate" in out.stdout or "clean_slate" in out.stdout
+        # The page comes from the installed copy and carries the plugin's own words.
+        assert str(installed / "ansible_collections" / "gpuops" / "clean_slate") in out.stdout
+        assert words in " ".join(out.stdout.split()), out.stdout[:500]
     listing = ansible([str(VENV / "bin" / "ansible-doc"), "-l", "gpuops.clean_slate"], env, tmp_path)
     assert {"gpuops.clean_slate.gpu_procs_kill", "gpuops.clean_slate.gpu_mem_verify", "gpuops.clean_slate.pct_exec"} <= {
         line.split()[0] for line in listing.stdout.splitlines() if line.strip()

@@ -34,6 +34,20 @@ def test_introspect_agrees_with_meta(installed: Path) -> None:
     assert len(found_python) == len(wanted_python) and len(found_system) == len(wanted_system)
 
 
+def test_introspect_reads_the_meta_files_it_is_pointed_at(installed: Path, tmp_path: Path) -> None:
+    # The files above declare nothing; prove ansible-builder does read them, through a copy that declares one of each.
+    copy = tmp_path / "collections"
+    shutil.copytree(installed, copy, symlinks=True)
+    meta = copy / "ansible_collections" / "gpuops" / "clean_slate" / "meta"
+    (meta / "ee-requirements.txt").write_text((meta / "ee-requirements.txt").read_text() + "jmespath>=1.0\n")
+    (meta / "ee-bindep.txt").write_text((meta / "ee-bindep.txt").read_text() + "openssh-clients [platform:rpm]\n")
+    out = builder("introspect", str(copy), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    data = yaml.safe_load(out.stdout.split("\n", 1)[1])
+    assert [e for e in data["python"] if "gpuops.clean_slate" in str(e)] == ["jmespath>=1.0  # from collection gpuops.clean_slate"]
+    assert [e for e in data["system"] if "gpuops.clean_slate" in str(e)] == ["openssh-clients [platform:rpm]  # from collection gpuops.clean_slate"]
+
+
 def test_build_context_installs_the_collection(artifact: Path, tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
     shutil.copy(ROOT / "docs" / "execution-environment.yml", tmp_path / "docs")
