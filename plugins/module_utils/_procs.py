@@ -395,13 +395,16 @@ def discover(req: Request) -> Plan:
         for pid, f in facts.items():
             children.setdefault(f.ppid, []).append(pid)
             groups.setdefault(f.pgid, []).append(pid)
-        roots = list(cands)
+        # Only a process that may itself be ended lends its tree or group: a match on this module's
+        # ancestors (Ansible's own command line, sshd), on an init or on a protected daemon must not
+        # pull in their other children (Ansible's other workers, other SSH sessions).
+        roots = [pid for pid in cands if pid not in guarded and pid > 1 and not facts[pid].kernel and not protected_name(facts[pid], req.protect)]
         if req.include_children:
             stack = [(pid, pid) for pid in roots]
             while stack:
                 parent, root = stack.pop()
                 for child in children.get(parent, []):
-                    if child not in cands:
+                    if child not in cands and child not in guarded:
                         cand(child).reasons.append(f"descendant of PID {root}")
                         stack.append((child, root))
         if req.process_group:
