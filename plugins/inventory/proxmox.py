@@ -192,14 +192,16 @@ from ansible.errors import AnsibleError, AnsibleParserError  # noqa: E402
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable  # noqa: E402
 
 from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import (  # noqa: E402
-    GpuInfo,
-    HostPci,
     ProxmoxApiError,
     ProxmoxClient,
-    address_from_interfaces,
     fetch_all,
-    lxc_gpu,
     make_unsafe,
+)
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox_config import (  # noqa: E402
+    GpuInfo,
+    HostPci,
+    address_from_interfaces,
+    lxc_gpu,
     mapping_devices,
     parse_tags,
     pci_vendors,

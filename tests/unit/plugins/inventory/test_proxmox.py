@@ -17,7 +17,8 @@ from ansible.template import trust_as_template
 from pvesim import PveSim, load_cluster
 
 from ansible_collections.gpuops.clean_slate.plugins.inventory import proxmox
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import ProxmoxApiError, ProxmoxClient, parse_hostpci
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import ProxmoxApiError, ProxmoxClient
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox_config import parse_hostpci
 
 # Defaults of the constructed and inventory_cache fragments, which the plugin's own DOCUMENTATION extends.
 FRAGMENT_DEFAULTS = {"strict": False, "compose": {}, "groups": {}, "keyed_groups": [], "use_extra_vars": False, "cache": False}
