@@ -355,3 +355,38 @@ def static_address(config: t.Mapping[str, t.Any], kind: str) -> str | None:
             if usable:
                 return usable
     return None
+
+
+# ---------------------------------------------------------------------- raw config as host variables
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_]")
+_DISK_KEY = re.compile(r"^(rootfs|virtio\d*|sata\d*|ide\d*|scsi\d*)$")
+
+
+def safe_name(word: str) -> str:
+    """community.proxmox's ``to_safe``: spaces dropped, every other character but ``[A-Za-z0-9_]`` becomes ``_``."""
+    return _UNSAFE_NAME.sub("_", word.replace(" ", ""))
+
+
+def config_facts(config: t.Mapping[str, t.Any], prefix: str = "proxmox_") -> dict[str, t.Any]:
+    """A guest's config as ``<prefix><key>`` variables, in the shapes community.proxmox's ``want_facts`` gives them.
+
+    So that its users' ``compose`` expressions keep working (``proxmox_net0.ip``, ``proxmox_rootfs.size``): a value
+    made only of ``k=v`` parts becomes a dict, disks get a ``disk_image=`` part first, ``description`` stays text, and
+    ``<prefix>tags_parsed`` lists the tags. One deliberate difference: the raw ``lxc`` list stays a list of
+    ``[key, value]`` pairs in order, because folding it into a dict (as community.proxmox does) keeps only the last of
+    repeated keys, and a container's GPU bind mounts are exactly such repeated keys.
+    """
+    out: dict[str, t.Any] = {}
+    for key, value in config.items():
+        name = safe_name(f"{prefix}{str(key).lower()}")
+        if key == "lxc":
+            out[name] = [list(pair) for pair in raw_lxc_pairs(config)]
+            continue
+        if key == "tags":
+            out[f"{name}_parsed"] = parse_tags(value)
+        if isinstance(value, str) and _DISK_KEY.match(str(key)):
+            value = f"disk_image={value}"
+        if key != "description" and isinstance(value, str) and value and all("=" in part for part in value.split(",")):
+            value = dict(part.split("=", 1) for part in value.split(","))
+        out[name] = value
+    return out

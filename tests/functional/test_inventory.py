@@ -61,7 +61,7 @@ def test_request_count_is_two_plus_configs_fetched(sim, tmp_path):
     sim.reset_counter()
     inv = inventory_list(source, sim.env())
     paths = [p for _unused, p in sim.requests]
-    configs = [p for p in paths if p.endswith("/config")]
+    configs = [p for p in paths if p.endswith("/config?current=1")]
     assert sim.request_count == 2 + len(configs)
     # one config per selected container on an online node: pve1's eight non-template ones and 204 on pve2
     assert len(configs) == 9
@@ -72,7 +72,7 @@ def test_full_request_count_formula(sim):
     sim.reset_counter()
     inventory_list(CLUSTER_SOURCE, sim.env())
     paths = [p.replace("/api2/json", "") for _unused, p in sim.requests]
-    configs = sum(p.endswith("/config") for p in paths)
+    configs = sum(p.endswith("/config?current=1") for p in paths)
     interfaces = sum(p.endswith("/interfaces") for p in paths)
     pci = sum(p.endswith("/hardware/pci") for p in paths)
     mapping = paths.count("/cluster/mapping/pci")

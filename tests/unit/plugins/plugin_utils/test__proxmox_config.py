@@ -214,3 +214,63 @@ def test_address_from_new_style_interfaces_and_link_local_only():
 def test_static_address_ignores_dhcp_and_reads_cloud_init():
     assert px.static_address({"net0": "name=eth0,ip=dhcp,ip6=auto"}, "lxc") is None
     assert px.static_address({"ipconfig0": "ip=192.168.1.10/24,gw=192.168.1.1"}, "qemu") == "192.168.1.10"
+
+
+# ---------------------------------------------------------------------- Proxmox VE 9
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        # PVE 8 as typed by people and scripts (pct set -dev0 ...): any order, path= allowed
+        ("path=/dev/nvidia0,gid=44", "/dev/nvidia0"),
+        ("/dev/nvidia0,uid=0,gid=44,mode=0666", "/dev/nvidia0"),
+        # PVE 9 after a hot-plug: print_device -> path bare and first, then options sorted by name
+        ("/dev/nvidia0,deny-write=0,gid=44,mode=0666,uid=0", "/dev/nvidia0"),
+        ("/dev/nvidia-caps/nvidia-cap1,deny-write=1,mode=0444", "/dev/nvidia-caps/nvidia-cap1"),
+        ("/dev/nvidiactl", "/dev/nvidiactl"),
+    ],
+)
+def test_dev_entries_as_pve8_and_pve9_write_them(value, path):
+    info = px.lxc_gpu({"dev7": value})
+    assert (info.passthrough, info.devices, info.evidence) == ("lxc-dev", [path], [f"dev7: {value}"])
+
+
+def test_parse_lxc_conf_stops_before_the_pending_section():
+    text = "dev0: /dev/nvidia1,gid=44\nhostname: ct\n\n[pve:pending]\ndelete: dev0\ndev1: /dev/nvidia2\n"
+    conf = px.parse_lxc_conf(text)
+    assert conf == {"dev0": "/dev/nvidia1,gid=44", "hostname": "ct"}
+    assert px.lxc_gpu(conf).devices == ["/dev/nvidia1"]
+
+
+# ---------------------------------------------------------------------- raw config as host variables
+def test_config_facts_shapes_like_community_proxmox():
+    config = {
+        "net0": "name=eth0,bridge=vmbr0,ip=10.0.0.5/24",
+        "rootfs": "local-lvm:vm-100-disk-0,size=8G",
+        "scsi0": "local-lvm:vm-100-disk-1,size=32G",
+        "dev0": "/dev/nvidia0,gid=44",
+        "hostname": "ct",
+        "cores": 4,
+        "tags": "gpu;train",
+        "description": "a=b,c=d\n",
+        "features": "nesting=1,keyctl=1",
+        "lxc": [["lxc.mount.entry", "/dev/nvidia0 dev/nvidia0 none bind"], ["lxc.mount.entry", "/dev/nvidia1 dev/nvidia1 none bind"]],
+        "mp0": "",
+    }
+    facts = px.config_facts(config)
+    assert facts["proxmox_net0"] == {"name": "eth0", "bridge": "vmbr0", "ip": "10.0.0.5/24"}
+    assert facts["proxmox_rootfs"] == {"disk_image": "local-lvm:vm-100-disk-0", "size": "8G"}
+    assert facts["proxmox_scsi0"] == {"disk_image": "local-lvm:vm-100-disk-1", "size": "32G"}
+    assert facts["proxmox_dev0"] == "/dev/nvidia0,gid=44"
+    assert facts["proxmox_cores"] == 4 and facts["proxmox_hostname"] == "ct"
+    assert facts["proxmox_tags"] == "gpu;train"
+    assert facts["proxmox_tags_parsed"] == ["gpu", "train"]
+    assert facts["proxmox_description"] == "a=b,c=d\n"
+    assert facts["proxmox_features"] == {"nesting": "1", "keyctl": "1"}
+    assert facts["proxmox_lxc"] == [["lxc.mount.entry", "/dev/nvidia0 dev/nvidia0 none bind"], ["lxc.mount.entry", "/dev/nvidia1 dev/nvidia1 none bind"]]
+    assert facts["proxmox_mp0"] == ""
+    assert set(px.config_facts({"cores": 1}, prefix="pve_")) == {"pve_cores"}
+
+
+@pytest.mark.parametrize(("word", "safe"), [("proxmox_pve-1_lxc", "proxmox_pve_1_lxc"), ("lab pve.east", "labpve_east"), ("ok_1", "ok_1")])
+def test_safe_name_is_community_proxmox_to_safe(word, safe):
+    assert px.safe_name(word) == safe
