@@ -576,9 +576,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             # offline node's guests; this plugin keeps them (status unknown), so their node's groups exist too.
             for name in ("all_lxc", "all_qemu", "all_running", "all_stopped", "all_templates") + (() if exclude_nodes else ("nodes",)):
                 self._compat_group(name)
-            for node in nodes.values():
-                self._compat_group(f"{node.name}_lxc")
-                self._compat_group(f"{node.name}_qemu")
+            for node_name in nodes:
+                self._compat_group(f"{node_name}_lxc")
+                self._compat_group(f"{node_name}_qemu")
         for g in guests:
             host = g.inventory_name
             self.inventory.add_host(host)
