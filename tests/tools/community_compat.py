@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Compare community.proxmox's inventory groups with ours under ``compat_groups: true``, on one simulated cluster.
 
-Usage: ``.venv/bin/python tests/tools/community-compat`` (needs the package index once: community.proxmox comes
+Usage: ``.venv/bin/python tests/tools/community_compat.py`` (needs the package index once: community.proxmox comes
 from the PyPI ``ansible`` package, installed into the throwaway venv the inventory benchmark uses and caches).
 
 pvesim serves clusters/gpu3.yml (its duplicate guest names made unique, because community.proxmox merges
