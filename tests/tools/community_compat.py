@@ -49,10 +49,10 @@ def main() -> int:
         ours_src.write_text(json.dumps({"plugin": "gpuops.clean_slate.proxmox", "validate_certs": False, "compat_groups": True, "exclude_templates": False}))
         # requests would replace verify=False with a CA bundle from the environment (proxmox-facts.md section 8).
         env = {k: v for k, v in os.environ.items() if k not in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CONFIG")}
-        run = {"capture_output": True, "text": True, "check": False}
-        theirs = subprocess.run([str(bindir / "ansible-inventory"), "-i", str(theirs_src), "--list"], env=env, cwd=tmp, **run)  # type: ignore[call-overload]
+        theirs_cmd = [str(bindir / "ansible-inventory"), "-i", str(theirs_src), "--list"]
+        theirs = subprocess.run(theirs_cmd, env=env, cwd=tmp, capture_output=True, text=True, check=False)
         ours_cmd = [str(VENV / "bin" / "ansible-inventory"), "-i", str(ours_src), "--list"]
-        ours = subprocess.run(ours_cmd, env=ansible_env(sim.env()), cwd=str(ROOT), **run)  # type: ignore[call-overload]
+        ours = subprocess.run(ours_cmd, env=ansible_env(sim.env()), cwd=str(ROOT), capture_output=True, text=True, check=False)
     for proc in (theirs, ours):
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
