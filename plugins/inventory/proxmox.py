@@ -15,21 +15,26 @@ description:
     that use a GPU. The group O(gpu_group) (C(gpu_nodes)) holds every GPU guest and every node that hosts one or has
     GPUs itself; it is the group the clean-slate playbook is limited to.
   - Discovery takes two requests (C(/cluster/status) and C(/cluster/resources?type=vm)). Then only the guests left after
-    O(filters), O(include_types) and O(exclude_templates) have their configuration read, O(max_concurrency) at a time.
+    O(filters), O(include_types) and O(exclude_templates) have their configuration read, O(max_concurrency) at a time,
+    with C(current=1), which gives the configuration the guest runs with, not changes pending until its next start.
     Running GPU containers also get C(/interfaces) (O(want_interfaces)), and a node's C(/hardware/pci) is read only
     when one of its VMs passes a PCI device through.
   - "Requests per run: 2 + [1 login, password auth only] + one config per selected guest on an online node + one
     C(/interfaces) per running GPU container + one C(/hardware/pci) per node with C(hostpciN) VMs (every online node
     with O(scan_node_gpus)) + [1 C(/cluster/mapping/pci) when a VM uses C(mapping=)]. With O(cache), a second run
     makes none."
-  - "GPU passthrough recognised in LXC configs: C(devN: /dev/nvidia0,gid=44) (Proxmox VE 8.1+, V(lxc-dev)); raw keys
+  - "GPU passthrough recognised in LXC configs: C(devN: /dev/nvidia0,gid=44) (Proxmox VE 8.1+, V(lxc-dev); also as Proxmox
+    VE 9 rewrites a hot-plugged device, C(/dev/nvidia0,deny-write=0,gid=44)); raw keys
     (V(lxc-raw)): C(lxc.mount.entry) of a GPU device, C(lxc.cgroup2.devices.allow)/C(lxc.cgroup.devices.allow) for
     NVIDIA's major 195, the NVIDIA LXC hook, C(NVIDIA_VISIBLE_DEVICES) in the environment; both C(:) and C(=)
     separators, repeated keys kept. In VM configs: C(hostpciN) whose vendor, looked up in the node's PCI list or the
     cluster's PCI mappings, is NVIDIA (V(0x10de)) (V(qemu-hostpci))."
   - Nodes get C(ansible_host) from C(/cluster/status). Containers get C(ansible_host) from their interfaces when running
     and reachable, else from a static C(ip=) in their config, and always C(proxmox_node_host), their node's address,
-    to reach them with M(gpuops.clean_slate.pct_exec).
+    to reach them with M(gpuops.clean_slate.pct_exec). With O(pct_remote), containers are reached through their node
+    with the C(community.proxmox.proxmox_pct_remote) connection instead.
+  - Host variables are always named C(proxmox_*), whatever O(group_prefix) says; O(filters), O(compose), O(groups) and
+    O(keyed_groups) all see these names.
   - Guests with the same name are all kept; the one with the lowest vmid keeps the name, the others get C(-<vmid>)
     appended, with a warning. Guests of an offline node are kept with C(proxmox_status=unknown) in the
     C(proxmox_unreachable) group. A guest whose config cannot be read is kept with C(proxmox_config_error) and a
@@ -137,23 +142,69 @@ options:
     elements: str
     default: ["/dev/nvidia*", "/dev/nvidia-caps/*"]
   group_prefix:
-    description: Prefix of the groups this plugin creates (except O(gpu_group)).
+    description:
+      - Prefix of the groups this plugin creates (except O(gpu_group)).
+      - It renames groups only. Host variables keep their C(proxmox_) names, which the clean-slate role,
+        M(gpuops.clean_slate.pct_exec) examples and the C(community.proxmox.proxmox_pct_remote) connection read.
     type: str
     default: proxmox_
+  exclude_nodes:
+    description:
+      - Leave the Proxmox VE nodes out of the inventory (no node hosts, no C(<group_prefix>hypervisors) group), like
+        community.proxmox's option of the same name. Guests still get C(proxmox_node) and C(proxmox_node_host).
+    type: bool
+    default: false
+  compat_groups:
+    description:
+      - Also create the groups community.proxmox 2.0 creates, with its names, beside this plugin's own, so that
+        playbooks written for it keep their host patterns.
+      - "With the default prefix: C(proxmox_all_lxc), C(proxmox_all_qemu) (guests by type, templates excluded),
+        C(proxmox_all_running), C(proxmox_all_stopped) and C(proxmox_all_<status>) for any other status
+        (for example C(proxmox_all_unknown)), C(proxmox_all_templates), C(proxmox_nodes) (unless O(exclude_nodes)),
+        C(proxmox_<node>_lxc) and C(proxmox_<node>_qemu). Names are lower-cased and every character but letters,
+        digits and C(_) becomes C(_), as community.proxmox does. C(proxmox_pool_<pool>) exists either way."
+      - docs/proxmox.md maps every group, variable and option of community.proxmox to this plugin's.
+    type: bool
+    default: false
+  want_facts:
+    description:
+      - Also set every key of a guest's configuration as a host variable C(proxmox_<key>), shaped as community.proxmox's
+        O(want_facts) shapes it - a value made only of C(key=value) pairs becomes a dictionary (C(proxmox_net0.ip)),
+        disks get C(disk_image=) in front, C(proxmox_tags_parsed) lists the tags - except the raw C(lxc) list, which
+        stays a list of C([key, value]) pairs with repeated keys kept.
+      - The variables this plugin always sets keep their meaning; a configuration key of the same name
+        (C(tags), C(name), C(template)) does not replace them.
+      - Costs no request (configurations are read anyway), but only guests whose configuration was read get them.
+    type: bool
+    default: false
+  pct_remote:
+    description:
+      - Reach LXC containers through their Proxmox VE node with community.proxmox's C(proxmox_pct_remote) connection
+        (SSH to the node, then C(pct exec) into the container).
+      - V(never) sets nothing. V(no_address) does it for containers that got no C(ansible_host). V(always) does it for
+        every container.
+      - Such a container gets C(ansible_connection=community.proxmox.proxmox_pct_remote) and C(ansible_host) set to its
+        node's address (C(proxmox_node_host)); the connection takes the container from C(proxmox_vmid). O(compose)
+        runs after and can override both (for example C(ansible_user) for the node).
+      - The collection community.proxmox and the Python library paramiko must be installed on the controller.
+    type: str
+    choices: [never, no_address, always]
+    default: never
   gpu_group:
     description: Name of the group of GPU guests and GPU nodes.
     type: str
     default: gpu_nodes
 notes:
   - The API user or token needs C(Sys.Audit) on C(/) and C(VM.Audit) on the guests (the C(PVEAuditor) role).
-  - "Host variables: C(proxmox_vmid), C(proxmox_node), C(proxmox_type) (V(lxc), V(qemu), V(node)),
+  - "Host variables (always C(proxmox_*)): C(proxmox_vmid), C(proxmox_node), C(proxmox_type) (V(lxc), V(qemu), V(node)),
     C(proxmox_status), C(proxmox_name), C(proxmox_tags), C(proxmox_pool), C(proxmox_template),
     C(proxmox_node_host), C(proxmox_gpu_devices), C(proxmox_gpu_passthrough) (V(lxc-dev), V(lxc-raw),
     V(qemu-hostpci) or null), C(proxmox_gpu_evidence) (the config lines that made it a GPU guest);
     nodes have C(proxmox_gpu_guests) and, when their PCI list was read, C(proxmox_node_gpus)."
   - "Groups (with the default prefix): C(proxmox_hypervisors), C(proxmox_containers), C(proxmox_vms),
     C(proxmox_<node>) (the node's guests), C(proxmox_running), C(proxmox_stopped), C(proxmox_unreachable),
-    C(proxmox_templates), C(proxmox_tag_<tag>), C(proxmox_pool_<pool>), and O(gpu_group)."
+    C(proxmox_templates), C(proxmox_tag_<tag>), C(proxmox_pool_<pool>), and O(gpu_group); with O(compat_groups),
+    community.proxmox's as well."
 seealso:
   - module: gpuops.clean_slate.pct_exec
 """
@@ -182,6 +233,17 @@ keyed_groups:
     prefix: passthrough
 compose:
   ansible_user: "'root'"
+
+---
+# migrated.proxmox.yml: a community.proxmox user's playbooks keep working (its group names, config facts, no nodes);
+# containers without an address are reached through their node with community.proxmox.proxmox_pct_remote
+plugin: gpuops.clean_slate.proxmox
+compat_groups: true
+want_facts: true
+exclude_nodes: true
+pct_remote: no_address
+compose:
+  ansible_user: "'root'"
 """
 
 # validate-modules wants DOCUMENTATION and EXAMPLES before any import.
@@ -192,22 +254,33 @@ from ansible.errors import AnsibleError, AnsibleParserError  # noqa: E402
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable  # noqa: E402
 
 from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import (  # noqa: E402
-    GpuInfo,
-    HostPci,
     ProxmoxApiError,
     ProxmoxClient,
-    address_from_interfaces,
     fetch_all,
-    lxc_gpu,
     make_unsafe,
+)
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox_config import (  # noqa: E402
+    GpuInfo,
+    HostPci,
+    address_from_interfaces,
+    config_facts,
+    lxc_gpu,
     mapping_devices,
     parse_tags,
     pci_vendors,
     qemu_gpu,
     qemu_hostpci,
+    safe_name,
     static_address,
     to_bool,
 )
+
+#: The connection plugin that O(pct_remote) selects, and the variables it reads (community.proxmox 2.0.0:
+#: remote_addr from ansible_host, vmid from proxmox_vmid).
+PCT_REMOTE_CONNECTION = "community.proxmox.proxmox_pct_remote"
+#: Host variables always carry this prefix (group_prefix renames groups only): the role, the pct_exec examples and
+#: community.proxmox's proxmox_pct_remote connection read these names.
+VAR_PREFIX = "proxmox_"
 
 
 @dataclass
@@ -238,16 +311,18 @@ class _Guest:
     address: str | None = None
     inventory_name: str = ""
 
-    def base_vars(self, prefix: str = "proxmox_") -> dict[str, t.Any]:
+    def base_vars(self) -> dict[str, t.Any]:
+        """The variables known before any per-guest request: what O(filters) sees, and every guest's host vars."""
+        p = VAR_PREFIX
         return {
-            f"{prefix}vmid": self.vmid,
-            f"{prefix}name": self.name,
-            f"{prefix}node": self.node,
-            f"{prefix}type": self.kind,
-            f"{prefix}status": self.status,
-            f"{prefix}tags": self.tags,
-            f"{prefix}pool": self.pool,
-            f"{prefix}template": self.template,
+            f"{p}vmid": self.vmid,
+            f"{p}name": self.name,
+            f"{p}node": self.node,
+            f"{p}type": self.kind,
+            f"{p}status": self.status,
+            f"{p}tags": self.tags,
+            f"{p}pool": self.pool,
+            f"{p}template": self.template,
         }
 
 
@@ -324,7 +399,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 g.unreachable = True
                 g.status = "unknown"
                 continue
-            paths[f"/nodes/{g.node}/{g.kind}/{g.vmid}/config"] = g
+            # current=1: the configuration the guest runs with. Without it PVE merges changes pending until the next
+            # start (load_current_config), so a running container whose devN removal is pending would look GPU-free
+            # while it still holds the GPU (pending edits are routine on PVE 9, which hot-plugs only new devices).
+            paths[f"/nodes/{g.node}/{g.kind}/{g.vmid}/config?current=1"] = g
         for path, answer in fetch_all(client, list(paths), max_workers).items():
             g = paths[path]
             if isinstance(answer, ProxmoxApiError):
@@ -452,7 +530,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         self._warnings.append(f"{self.NAME}: guest {g.vmid} on {g.node} kept without its configuration: {exc}")
 
     def _name_guests(self, guests: list[_Guest], nodes: dict[str, _Node]) -> None:
-        taken: set[str] = set(nodes)
+        # Node names are taken only when the nodes are inventory hosts themselves.
+        taken: set[str] = set() if self.get_option("exclude_nodes") else set(nodes)
         for g in sorted(guests, key=lambda g: g.vmid):
             cfg = g.config or {}
             base = g.name or cfg.get("hostname" if g.kind == "lxc" else "name") or f"{g.kind}-{g.vmid}"
@@ -477,33 +556,60 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
         self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
 
+    def _compat_group(self, name: str) -> str:
+        """A community.proxmox group name: prefix + lower-cased name through its to_safe."""
+        return str(self.inventory.add_group(safe_name(f"{self._prefix}{name.lower()}")))
+
     def _add_all(self, nodes: dict[str, _Node], guests: list[_Guest]) -> None:
         p = self._prefix
+        v = VAR_PREFIX
         gpu_group = self._group(str(self.get_option("gpu_group")))
-        for name in ("hypervisors", "containers", "vms", "running", "stopped", "unreachable"):
-            self._group(p + name)
+        exclude_nodes = bool(self.get_option("exclude_nodes"))
+        compat = bool(self.get_option("compat_groups"))
+        want_facts = bool(self.get_option("want_facts"))
         want_config = bool(self.get_option("want_config"))
+        pct_remote = str(self.get_option("pct_remote"))
+        for name in (() if exclude_nodes else ("hypervisors",)) + ("containers", "vms", "running", "stopped", "unreachable"):
+            self._group(p + name)
+        if compat:
+            # community.proxmox creates these even when empty, and <node>_lxc/_qemu for every online node. It drops an
+            # offline node's guests; this plugin keeps them (status unknown), so their node's groups exist too.
+            for name in ("all_lxc", "all_qemu", "all_running", "all_stopped", "all_templates") + (() if exclude_nodes else ("nodes",)):
+                self._compat_group(name)
+            for node_name in nodes:
+                self._compat_group(f"{node_name}_lxc")
+                self._compat_group(f"{node_name}_qemu")
         for g in guests:
             host = g.inventory_name
             self.inventory.add_host(host)
             node = nodes.get(g.node)
-            hostvars: dict[str, t.Any] = g.base_vars(p)
+            node_host = node.ip if node and node.ip else g.node
+            hostvars: dict[str, t.Any] = {}
+            if want_facts and g.config is not None:
+                # Set first, so that the variables below (documented, always present) win over config keys of the
+                # same name (tags, name, template).
+                hostvars.update(config_facts(g.config, v))
+            hostvars.update(g.base_vars())
             hostvars.update(
                 {
-                    f"{p}node_host": (node.ip if node and node.ip else g.node),
-                    f"{p}gpu_devices": g.gpu.devices,
-                    f"{p}gpu_passthrough": g.gpu.passthrough,
-                    f"{p}gpu_evidence": g.gpu.evidence,
+                    f"{v}node_host": node_host,
+                    f"{v}gpu_devices": g.gpu.devices,
+                    f"{v}gpu_passthrough": g.gpu.passthrough,
+                    f"{v}gpu_evidence": g.gpu.evidence,
                 }
             )
             if g.config_error:
-                hostvars[f"{p}config_error"] = g.config_error
+                hostvars[f"{v}config_error"] = g.config_error
             if want_config and g.config is not None:
-                hostvars[f"{p}config"] = g.config
+                hostvars[f"{v}config"] = g.config
             if g.address:
                 hostvars["ansible_host"] = g.address
-            for k, v in hostvars.items():
-                self.inventory.set_variable(host, k, make_unsafe(v))
+            if g.kind == "lxc" and (pct_remote == "always" or (pct_remote == "no_address" and not g.address)):
+                # proxmox_pct_remote SSHes to remote_addr (ansible_host) and runs pct exec <proxmox_vmid> there.
+                hostvars["ansible_host"] = node_host
+                hostvars["ansible_connection"] = PCT_REMOTE_CONNECTION
+            for k, val in hostvars.items():
+                self.inventory.set_variable(host, k, make_unsafe(val))
             self._member(p + ("containers" if g.kind == "lxc" else "vms"), host)
             self._member(p + g.node, host)
             if g.status in ("running", "stopped"):
@@ -516,29 +622,41 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 self._member(f"{p}tag_{tag}", host)
             if g.pool:
                 self._member(f"{p}pool_{g.pool}", host)
+            if compat:
+                # community.proxmox 2.0: a template is only in all_templates; other guests by type, node_type, status.
+                if g.template:
+                    self.inventory.add_child(self._compat_group("all_templates"), host)
+                else:
+                    self.inventory.add_child(self._compat_group(f"all_{g.kind}"), host)
+                    self.inventory.add_child(self._compat_group(f"{g.node}_{g.kind}"), host)
+                    self.inventory.add_child(self._compat_group(f"all_{g.status}"), host)
             if g.gpu.is_gpu:
                 self.inventory.add_child(gpu_group, host)
                 if node is not None:
                     node.gpu_guests.append(host)
             self._construct(host)
+        if exclude_nodes:
+            return
         for node in nodes.values():
             host = node.name
             self.inventory.add_host(host)
             hostvars = {
-                f"{p}node": node.name,
-                f"{p}type": "node",
-                f"{p}status": "online" if node.online else "offline",
-                f"{p}nodeid": node.nodeid,
-                f"{p}node_host": node.ip or node.name,
-                f"{p}gpu_guests": sorted(node.gpu_guests),
+                f"{v}node": node.name,
+                f"{v}type": "node",
+                f"{v}status": "online" if node.online else "offline",
+                f"{v}nodeid": node.nodeid,
+                f"{v}node_host": node.ip or node.name,
+                f"{v}gpu_guests": sorted(node.gpu_guests),
             }
             if node.gpus is not None:
-                hostvars[f"{p}node_gpus"] = node.gpus
+                hostvars[f"{v}node_gpus"] = node.gpus
             if node.ip:
                 hostvars["ansible_host"] = node.ip
-            for k, v in hostvars.items():
-                self.inventory.set_variable(host, k, make_unsafe(v))
+            for k, val in hostvars.items():
+                self.inventory.set_variable(host, k, make_unsafe(val))
             self._member(p + "hypervisors", host)
+            if compat:
+                self.inventory.add_child(self._compat_group("nodes"), host)
             if not node.online:
                 self._member(p + "unreachable", host)
             if node.gpu_guests or node.gpus:

@@ -26,6 +26,7 @@ def test_artifact_holds_the_collection_and_no_test_or_lab_files(artifact: Path) 
         "plugins/inventory/proxmox.py",
         "plugins/module_utils/_nvml.py",
         "plugins/plugin_utils/_proxmox.py",
+        "plugins/plugin_utils/_proxmox_config.py",
         "roles/clean_slate/meta/argument_specs.yml",
         "roles/clean_slate/tasks/main.yml",
         "playbooks/clean_slate.yml",

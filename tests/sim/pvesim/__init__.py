@@ -48,6 +48,8 @@ Cluster description (YAML or JSON file, or a dict)::
         conf: |                # the raw /etc/pve/lxc/101.conf, parsed as pve-container does
           dev0: /dev/nvidia0,gid=44
           lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file
+          [pve:pending]        # optional: changes waiting for the next start; GET .../config merges
+          delete: dev0         # them in unless ?current=1 (as load_current_config does)
         config: {cores: 8}     # API config keys, merged last
         interfaces: [...]      # LXC /interfaces answer (default: lo + eth0)
         agent_running: true    # QEMU agent network-get-interfaces answers (if agent=1 and running)

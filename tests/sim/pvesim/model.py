@@ -86,6 +86,28 @@ def parse_conf(text: str, kind: str) -> dict[str, Any]:
     return conf
 
 
+def parse_pending(text: str, kind: str) -> dict[str, Any]:
+    """The ``[pve:pending]`` section of a config text: changes waiting for the guest's next start.
+
+    Keys as ``parse_conf`` reads them, plus ``delete`` (comma-separated keys, ``!`` = force) as written by
+    pve-guest-common's AbstractConfig. Empty when there is no such section.
+    """
+    lines: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped == "[pve:pending]"
+            continue
+        if inside:
+            lines.append(line)
+    if not lines:
+        return {}
+    pending = parse_conf("\n".join(lines), kind)
+    pending.pop("digest", None)
+    return pending
+
+
 def _tags(value: Any) -> str | None:
     if value is None or value == "" or value == []:
         return None
@@ -127,6 +149,8 @@ class Guest:
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     pid: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: The [pve:pending] section: served merged into the config unless the client asks for current=1.
+    pending: dict[str, Any] = field(default_factory=dict)
 
     @property
     def running(self) -> bool:
@@ -232,6 +256,7 @@ class Cluster:
                 config = parsed
             else:
                 config.update(parsed)
+            g.pending = parse_pending(gd["conf"], kind)
         config.update(gd.get("config", {}))
         if g.tags:
             config.setdefault("tags", g.tags)
@@ -378,8 +403,17 @@ class Cluster:
             rows.append(row)
         return rows
 
-    def guest_config(self, node: str, kind: str, vmid: str) -> dict[str, Any]:
-        return copy.deepcopy(self.guest_on(node, kind, vmid).config)
+    def guest_config(self, node: str, kind: str, vmid: str, current: str | None = None) -> dict[str, Any]:
+        """``GET .../config``: pending changes merged in unless ``current`` is true (AbstractConfig::load_current_config)."""
+        g = self.guest_on(node, kind, vmid)
+        config = copy.deepcopy(g.config)
+        if current not in ("1", "true", "yes", "on") and g.pending:
+            for key, value in g.pending.items():
+                if key != "delete":
+                    config[key] = copy.deepcopy(value)
+            for key in re.split(r"[,;\s]+", str(g.pending.get("delete", ""))):
+                config.pop(key.lstrip("!"), None)
+        return config
 
     def guest_status(self, node: str, kind: str, vmid: str) -> dict[str, Any]:
         g = self.guest_on(node, kind, vmid)

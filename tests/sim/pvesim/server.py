@@ -218,7 +218,7 @@ class PveSim:
             ("GET", r"/cluster/mapping/(?P<mkind>pci|usb|dir)", lambda m, q: c.mapping(m["mkind"])),
             ("GET", r"/nodes", lambda m, q: c.nodes_list()),
             ("GET", rf"/nodes/{n}/{k}", lambda m, q: c.node_guests(m["node"], m["kind"])),
-            ("GET", rf"/nodes/{n}/{k}/{v}/config", lambda m, q: c.guest_config(m["node"], m["kind"], m["vmid"])),
+            ("GET", rf"/nodes/{n}/{k}/{v}/config", lambda m, q: c.guest_config(m["node"], m["kind"], m["vmid"], q.get("current"))),
             ("GET", rf"/nodes/{n}/{k}/{v}/status/current", lambda m, q: c.guest_status(m["node"], m["kind"], m["vmid"])),
             ("GET", rf"/nodes/{n}/{k}/{v}/snapshot", lambda m, q: c.snapshots(m["node"], m["kind"], m["vmid"])),
             ("GET", rf"/nodes/{n}/lxc/{v}/interfaces", lambda m, q: c.lxc_interfaces(m["node"], m["vmid"])),

@@ -17,7 +17,8 @@ from ansible.template import trust_as_template
 from pvesim import PveSim, load_cluster
 
 from ansible_collections.gpuops.clean_slate.plugins.inventory import proxmox
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import ProxmoxApiError, ProxmoxClient, parse_hostpci
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import ProxmoxApiError, ProxmoxClient
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox_config import parse_hostpci
 
 # Defaults of the constructed and inventory_cache fragments, which the plugin's own DOCUMENTATION extends.
 FRAGMENT_DEFAULTS = {"strict": False, "compose": {}, "groups": {}, "keyed_groups": [], "use_extra_vars": False, "cache": False}
@@ -86,7 +87,7 @@ def expected_requests(desc: dict[str, t.Any], selected: t.Callable[[dict], bool]
     for g in guests:
         if g["node"] not in online:
             continue
-        paths.add(f"/nodes/{g['node']}/{g.get('type', 'lxc')}/{g['vmid']}/config")
+        paths.add(f"/nodes/{g['node']}/{g.get('type', 'lxc')}/{g['vmid']}/config?current=1")
         hostpci = [line.split(":", 1)[1].strip() for line in g.get("conf", "").splitlines() if line.startswith("hostpci")]
         for value in hostpci:
             hp = parse_hostpci("hostpci0", value)
@@ -195,7 +196,7 @@ def test_request_count_follows_the_documented_formula(sim, desc):
 
 def test_request_count_is_two_plus_configs_without_follow_ups(sim, desc):
     run = Run(sim, include_types=["lxc"], want_interfaces=False)
-    configs = [p for p in run.paths() if p.endswith("/config")]
+    configs = [p for p in run.paths() if p.endswith("/config?current=1")]
     assert len(run.paths()) == 2 + len(configs)
     assert set(run.paths()) == expected_requests(desc, lambda g: g.get("type", "lxc") == "lxc", want_interfaces=False)
     assert run.group("proxmox_vms") == set()
@@ -214,7 +215,7 @@ def test_filters_run_before_any_per_guest_request(sim, desc):
 def test_templates_can_be_included(sim):
     run = Run(sim, exclude_templates=False)
     assert run.group("proxmox_templates") == {"tmpl-debian"}
-    assert "/nodes/pve1/lxc/107/config" in run.paths()
+    assert "/nodes/pve1/lxc/107/config?current=1" in run.paths()
 
 
 def test_dri_globs_make_the_igpu_container_a_gpu_guest(sim):
@@ -313,3 +314,145 @@ def test_verify_file_wants_the_proxmox_suffix(tmp_path):
     assert plugin.verify_file(str(good)) is True
     assert plugin.verify_file(str(other)) is False
     assert plugin.verify_file(str(tmp_path / "absent.proxmox.yml")) is False
+
+
+# ---------------------------------------------------------------------- group_prefix renames groups only
+def test_group_prefix_renames_groups_only_and_every_expression_sees_the_proxmox_names(sim):
+    run = Run(
+        sim,
+        group_prefix="pve_",
+        filters=[trust_as_template("proxmox_type == 'qemu' or 'gpu' in proxmox_tags")],
+        compose={"ct_ref": trust_as_template("proxmox_node ~ '/' ~ proxmox_vmid")},
+        keyed_groups=[{"key": trust_as_template("proxmox_gpu_passthrough"), "prefix": "passthrough", "separator": "_"}],
+        groups={"pct_targets": trust_as_template("proxmox_type == 'lxc' and proxmox_node_host is defined")},
+    )
+    groups = set(run.inventory.groups)
+    assert {"pve_hypervisors", "pve_containers", "pve_vms", "pve_running", "pve_pve1", "pve_tag_gpu"} <= groups
+    assert not {g for g in groups if g.startswith("proxmox_")}
+    assert run.group("pve_containers") == {"train-a", "train-b", "train-a-106", "train-a-204", "lxc-301"}
+    for host in run.group("pve_containers") | run.group("pve_vms"):
+        hv = run.vars(host)
+        assert not [k for k in hv if k.startswith("pve_")], host
+        assert hv["ct_ref"] == f"{hv['proxmox_node']}/{hv['proxmox_vmid']}"
+    assert run.group("pct_targets") == run.group("pve_containers")
+    assert run.group("passthrough_lxc_dev") == {"train-a", "train-a-106", "train-a-204"}
+    # the filter read proxmox_type/proxmox_tags too: non-GPU containers are gone, VMs stay
+    assert "web" not in run.inventory.hosts and "vm-plain" in run.inventory.hosts
+
+
+# ---------------------------------------------------------------------- community.proxmox habits
+def test_exclude_nodes_leaves_nodes_out_but_keeps_their_addresses_on_guests(sim):
+    run = Run(sim, exclude_nodes=True, compat_groups=True)
+    assert not {"pve1", "pve2", "pve3"} & set(run.inventory.hosts)
+    assert "proxmox_hypervisors" not in run.inventory.groups
+    assert "proxmox_nodes" not in run.inventory.groups
+    assert run.group("gpu_nodes") == {"train-a", "train-b", "infer-hook", "train-a-106", "old-raw", "vm-gpu", "train-a-204", "vm-mapped"}
+    assert run.vars("train-a")["proxmox_node_host"] == "10.10.0.11"
+    assert run.vars("train-a")["proxmox_node"] == "pve1"
+
+
+def test_compat_groups_are_community_proxmox_names_for_the_same_members(sim):
+    plain_run = Run(sim)
+    run = Run(sim, compat_groups=True, exclude_templates=False)
+    assert not {g for g in plain_run.inventory.groups if g.startswith("proxmox_all_") or g.endswith(("_lxc", "_qemu"))}
+    templates = {"tmpl-debian"}
+    assert run.group("proxmox_all_lxc") == run.group("proxmox_containers") - templates
+    assert run.group("proxmox_all_qemu") == run.group("proxmox_vms")
+    assert run.group("proxmox_all_templates") == templates == run.group("proxmox_templates")
+    assert run.group("proxmox_all_running") == run.group("proxmox_running")
+    assert run.group("proxmox_all_stopped") == run.group("proxmox_stopped") - templates
+    assert run.group("proxmox_all_unknown") == {"rrd-gap", "lxc-301", "qemu-302"}
+    assert run.group("proxmox_nodes") == run.group("proxmox_hypervisors")
+    for node in ("pve1", "pve2", "pve3"):
+        for kind, ours in (("lxc", "proxmox_containers"), ("qemu", "proxmox_vms")):
+            assert run.group(f"proxmox_{node}_{kind}") == (run.group(f"proxmox_{node}") & run.group(ours)) - templates
+    # community.proxmox drops an offline node's guests; they are kept here, in their node's groups too
+    assert run.group("proxmox_pve3_lxc") == {"lxc-301"}
+
+
+def test_compat_group_names_follow_community_proxmox_to_safe():
+    desc = {"nodes": [{"name": "PVE-East.1", "ip": "192.0.2.9"}], "guests": [{"vmid": 100, "node": "PVE-East.1", "type": "lxc", "name": "ct"}]}
+    with PveSim(desc) as s:
+        run = Run(s, compat_groups=True, group_prefix="Lab ")
+    # community.proxmox: to_safe(prefix + name.lower()) - spaces dropped, other characters to "_"
+    assert run.group("Labpve_east_1_lxc") == {"ct"}
+    assert "Labpve_east_1_qemu" in run.inventory.groups
+    assert run.group("Laball_lxc") == {"ct"}
+
+
+def test_want_facts_sets_config_keys_in_community_shapes_without_replacing_ours(sim):
+    run = Run(sim, want_facts=True)
+    hv = run.vars("train-a")
+    assert hv["proxmox_net0"] == {"name": "eth0", "bridge": "vmbr0", "hwaddr": "BC:24:11:00:01:01", "ip": "10.20.1.101/16", "gw": "10.20.0.1", "type": "veth"}
+    assert hv["proxmox_rootfs"] == {"disk_image": "local-lvm:vm-101-disk-0", "size": "64G"}
+    assert hv["proxmox_dev4"] == {"path": "/dev/nvidia-caps/nvidia-cap1", "mode": "0666", "uid": "0"}
+    assert hv["proxmox_dev0"] == "/dev/nvidia0,gid=44"  # not all k=v: stays a string, as in community.proxmox
+    assert hv["proxmox_description"] == "Training container, PVE 8.1+ device passthrough\n"
+    assert hv["proxmox_tags_parsed"] == ["gpu", "train"]
+    # our variables keep their meaning: tags a list (config "gpu;train"), template a bool
+    assert hv["proxmox_tags"] == ["gpu", "train"] and hv["proxmox_template"] is False
+    # the raw lxc list keeps repeated keys (community.proxmox folds it into a dict, keeping the last)
+    assert [k for k, _unused in run.vars("train-b")["proxmox_lxc"]] == ["lxc.cgroup2.devices.allow"] * 3 + ["lxc.mount.entry"] * 6
+    assert run.vars("vm-nic")["proxmox_ipconfig0"] == {"ip": "10.20.2.202/16", "gw": "10.20.0.1"}
+    # no config read, no config facts; and no extra request for any of it
+    assert "proxmox_net0" not in run.vars("lxc-301")
+    assert set(run.paths()) == expected_requests(load_cluster("gpu3"))
+    assert "proxmox_net0" not in Run(sim).vars("train-a")
+
+
+@pytest.mark.parametrize(
+    ("mode", "via_node"),
+    [
+        ("never", set()),
+        # containers with no address: dri-box (stopped, dhcp), rrd-gap (not a GPU guest: no /interfaces, dhcp),
+        # train-a-106 (stopped, no network), lxc-301 (offline node)
+        ("no_address", {"dri-box", "rrd-gap", "train-a-106", "lxc-301"}),
+        ("always", {"train-a", "train-b", "infer-hook", "web", "dri-box", "train-a-106", "rrd-gap", "old-raw", "train-a-204", "lxc-301"}),
+    ],
+)
+def test_pct_remote_sets_the_connection_and_the_node_address(sim, mode, via_node):
+    run = Run(sim, pct_remote=mode)
+    got = {h for h in run.group("proxmox_containers") if run.vars(h).get("ansible_connection") == proxmox.PCT_REMOTE_CONNECTION}
+    assert got == via_node
+    for host in got:
+        hv = run.vars(host)
+        # what proxmox_pct_remote reads: remote_addr <- ansible_host (the node), vmid <- proxmox_vmid
+        assert hv["ansible_host"] == hv["proxmox_node_host"] == {"pve1": "10.10.0.11", "pve2": "10.10.0.12", "pve3": "10.10.0.13"}[hv["proxmox_node"]]
+        assert isinstance(hv["proxmox_vmid"], int)
+    assert not [h for h in run.group("proxmox_vms") if "ansible_connection" in run.vars(h)]
+    if mode == "no_address":
+        default = Run(sim)
+        assert got == {h for h in default.group("proxmox_containers") if "ansible_host" not in default.vars(h)}
+        assert run.vars("train-b")["ansible_host"] == "10.20.0.102"  # it has its own address: untouched
+
+
+# ---------------------------------------------------------------------- Proxmox VE 9
+@pytest.fixture
+def pve9():
+    with PveSim(load_cluster("pve9")) as s:
+        yield s
+
+
+def test_pve9_configs_match_the_ground_truth(pve9):
+    desc = load_cluster("pve9")
+    run = Run(pve9)
+    for g in desc["guests"]:
+        meta, hv = g["meta"], run.vars(g["name"])
+        assert (g["name"] in run.group("gpu_nodes")) is meta["gpu"], g["name"]
+        if meta["gpu"]:
+            assert hv["proxmox_gpu_passthrough"] == meta["passthrough"], g["name"]
+            assert hv["proxmox_gpu_devices"] == meta["devices"], g["name"]
+    assert run.vars("hot-gpu")["proxmox_gpu_evidence"][3] == "dev3: /dev/nvidia-caps/nvidia-cap1,deny-write=1,mode=0444"
+    assert run.vars("pve9a")["proxmox_gpu_guests"] == ["hot-gpu", "oci-vllm", "pending-unplug", "v1-keys", "vm-unplug"]
+
+
+def test_pending_removals_do_not_hide_a_gpu_the_running_guest_still_holds(pve9):
+    # The API without current=1 merges the pending deletions: this is what a plain /config read sees.
+    client = ProxmoxClient(pve9.url, token_id=pve9.token[0], token_secret=pve9.token[1])
+    assert "dev0" not in client.get("/nodes/pve9a/lxc/902/config")
+    assert "hostpci0" not in client.get("/nodes/pve9a/qemu/906/config")
+    assert client.get("/nodes/pve9a/lxc/903/config")["dev0"] == "/dev/nvidia2,gid=44"
+    run = Run(pve9)
+    assert {"pending-unplug", "vm-unplug"} <= run.group("gpu_nodes")
+    assert "pending-plug" not in run.group("gpu_nodes")
+    assert all(p.endswith("?current=1") for p in run.paths() if "/config" in p)
