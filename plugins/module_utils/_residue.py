@@ -697,7 +697,7 @@ def message(summary: dict[str, t.Any], ports: list[dict[str, t.Any]], check_mode
     if summary["held"]:
         parts.append(f"{summary['held']} held by live processes (kept)")
     if summary["stale"]:
-        parts.append(f"{_counted({k: v['stale'] for k, v in kinds.items()})} stale but kept (removal not enabled)")
+        parts.append(f"{_counted({k: v['stale'] for k, v in kinds.items()}).replace(' ', ' stale ', 1)} reported (removal not enabled)")
     if summary["errors"]:
         parts.append(f"{summary['errors']} could not be removed")
     by_state: dict[str, list[str]] = {}
