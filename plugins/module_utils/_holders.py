@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import typing as t
 from dataclasses import dataclass, field
 
@@ -72,6 +73,7 @@ class Scan:
     zombies: list[tuple[int, int, str]] = field(default_factory=list)  # (pid, ppid, comm)
     unreadable: list[int] = field(default_factory=list)  # pids whose fds or maps could not be read (permission)
     processes: int = 0
+    error: Exception | None = None
 
     def add(self, key: Key, pid: int, how: str) -> None:
         holds = self.holds.setdefault(key, [])
@@ -115,23 +117,65 @@ def _stat_line(pid: str) -> tuple[str, int, str] | None:
     return fields[0], int(fields[1]), head.partition("(")[2]
 
 
-def scan(watch: Watch) -> Scan:
-    """One pass over every process in this /proc (this process excepted)."""
-    out = Scan()
+def scan(watch: Watch, workers: int = 0) -> Scan:
+    """One pass over every process in this /proc (this process excepted).
+
+    The pass is bound by the kernel's work (generating maps, resolving fd
+    links), which Python threads do in parallel: with ``workers`` threads (0:
+    two on a machine with more than one CPU) the processes are split between
+    them and the findings merged.
+    """
     self_pid = str(os.getpid())
+    names = [n for n in os.listdir("/proc") if n.isdigit() and n != self_pid]
+    if workers <= 0:
+        workers = 2 if (os.cpu_count() or 1) > 1 else 1
+    workers = max(1, min(workers, len(names) // 256 or 1))
+    parts = [Scan() for _unused in range(workers)]
+    if workers == 1:
+        _scan_part(names, watch, parts[0])
+    else:
+        threads = [threading.Thread(target=_scan_part, args=(names[i::workers], watch, parts[i]), daemon=True) for i in range(workers)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    out = parts[0]
+    for part in parts[1:]:
+        for key, holds in part.holds.items():
+            out.holds.setdefault(key, []).extend(holds)
+        for name, holds in part.name_holds.items():
+            out.name_holds.setdefault(name, []).extend(holds)
+        for ino, pids in part.socket_owners.items():
+            out.socket_owners.setdefault(ino, []).extend(pids)
+        for ns, pid in part.netns.items():
+            out.netns.setdefault(ns, pid)
+        out.zombies.extend(part.zombies)
+        out.unreadable.extend(part.unreadable)
+        out.processes += part.processes
+    if part_errors := [p.error for p in parts if p.error is not None]:
+        raise part_errors[0]
+    return out
+
+
+def _scan_part(proc_names: list[str], watch: Watch, out: Scan) -> None:
+    try:
+        _scan_loop(proc_names, watch, out)
+    except Exception as exc:  # noqa: BLE001 - re-raised by scan() in the caller's thread
+        out.error = exc
+
+
+def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
     keys, names, any_name = watch.keys, watch.names, watch.any_name
     want_sockets, all_sockets = watch.sockets, watch.sockets is None
-    tokens = {dev_token(k[0]).encode() for k in keys}
-    tokens_sp = [b" " + tok + b" " for tok in tokens]
+    by_token = {dev_token(dev).encode(): dev for dev in {k[0] for k in keys}}
+    tokens_sp = [b" " + tok + b" " for tok in by_token]
     name_tokens = [b"/" + n.encode("utf-8", "surrogateescape") for n in watch.name_only]
     read_maps = bool(tokens_sp or name_tokens)
     want_cwd = bool(watch.cwd_keys)
     need_fds = bool(keys) or all_sockets or bool(want_sockets)
     buf = bytearray(_MAPS_BUFFER)
     listdir, readlink, stat = os.listdir, os.readlink, os.stat
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or name == self_pid:
-            continue
+    for name in proc_names:
         base = "/proc/" + name
         pid = int(name)
         fds: list[str] | None = None
@@ -174,7 +218,7 @@ def scan(watch: Watch) -> Scan:
             else:
                 maps = data
                 if any(tok in data for tok in tokens_sp) or any(tok in data for tok in name_tokens):
-                    _match_maps(data, tokens, watch, out, pid)
+                    _match_maps(data, by_token, watch, out, pid)
         if want_cwd:
             for link in ("cwd", "root"):
                 try:
@@ -195,11 +239,9 @@ def scan(watch: Watch) -> Scan:
             st_line = _stat_line(name)
             if st_line and st_line[0] == "Z":
                 out.zombies.append((pid, st_line[1], st_line[2]))
-    return out
 
 
-def _match_maps(data: bytes, tokens: set[bytes], watch: Watch, out: Scan, pid: int) -> None:
-    by_token = {dev_token(k[0]).encode(): k[0] for k in watch.keys}
+def _match_maps(data: bytes, by_token: dict[bytes, int], watch: Watch, out: Scan, pid: int) -> None:
     for line in data.split(b"\n"):
         parts = line.split(None, 5)
         if len(parts) < 5:
@@ -230,7 +272,7 @@ def read_locks(keys: set[Key], path: str = "/proc/locks") -> dict[Key, list[Hold
     out: dict[Key, list[Hold]] = {}
     if not keys:
         return out
-    devs = {dev_token(k[0]): k[0] for k in keys}
+    devs = {dev_token(dev): dev for dev in {k[0] for k in keys}}
     try:
         with open(path, encoding="ascii", errors="replace") as fh:
             lines = fh.readlines()
