@@ -228,6 +228,7 @@ class Walker:
         self.notes = notes
         self.kept: list[int] = []
         self.items: list[Item] = []
+        self.names: set[str] = set()  # every matched name, duplicates (hard links) included: fds are matched by name first
         self._seen: set[tuple[str, int, int]] = set()
 
     def _open(self, fd: int, name: str, rel: str, literal: bool) -> int | None:
@@ -311,6 +312,7 @@ class Walker:
                     continue
                 key = (st.st_dev, st.st_ino)
             mark = (kind, *key)
+            self.names.add(name)
             if mark in self._seen:
                 continue
             self._seen.add(mark)
@@ -617,11 +619,18 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino, st_mod.S_IFMT(a.st_mode), a.st_ctime_ns) == (b.st_dev, b.st_ino, st_mod.S_IFMT(b.st_mode), b.st_ctime_ns)
 
 
-def _rmtree(parent: int, name: str, item: Item) -> None:
+def _rmtree(parent: int, name: str, item: Item, delete: bool) -> None:
+    """Walk a judged directory (never following a symlink): every entry must be one judged orphaned.
+
+    Called twice: first to check the whole tree (``delete=False``), so that a
+    file that appeared since the judgement stops the removal before anything
+    is gone, then to delete it bottom-up.
+    """
     fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
     try:
-        if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) not in item.tree_dirs:
-            raise Changed("a directory inside was replaced")
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) not in item.tree_dirs:
+            raise Changed(f"{name} was replaced")
         with os.scandir(fd) as it:
             entries = [e.name for e in it]
         for child in entries:
@@ -629,12 +638,13 @@ def _rmtree(parent: int, name: str, item: Item) -> None:
             if (cst.st_dev, cst.st_ino) not in item.tree:
                 raise Changed(f"{child} appeared since it was judged")
             if st_mod.S_ISDIR(cst.st_mode):
-                _rmtree(fd, child, item)
-            else:
+                _rmtree(fd, child, item, delete)
+            elif delete:
                 os.unlink(child, dir_fd=fd)
     finally:
         os.close(fd)
-    os.rmdir(name, dir_fd=parent)
+    if delete:
+        os.rmdir(name, dir_fd=parent)
 
 
 def remove(item: Item) -> None:
@@ -663,7 +673,12 @@ def remove(item: Item) -> None:
         return
     try:
         if item.kind == "dirs":
-            _rmtree(item.dir_fd, item.name, item)
+            try:
+                _rmtree(item.dir_fd, item.name, item, delete=False)
+            except Changed as exc:
+                item.verdict, item.why = "skipped", f"changed since it was judged ({exc}); left alone"
+                return
+            _rmtree(item.dir_fd, item.name, item, delete=True)
         else:
             os.unlink(item.name, dir_fd=item.dir_fd)
         item.verdict = "removed"
@@ -854,6 +869,8 @@ def _run(req: Request, check_mode: bool, roots: list[Root], walkers: list[Walker
             watch.cwd_keys |= item.tree_dirs
         elif item.st is not None and item.st.st_nlink > 1:
             watch.any_name = True  # another name for it may be the one a process opened
+    for walker in walkers:
+        watch.names |= walker.names
     watch.name_only = _overlay_names(judged, roots)
     scan = _holders.scan(watch)
     locks = _holders.read_locks(watch.keys)
