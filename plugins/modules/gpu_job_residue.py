@@ -124,8 +124,8 @@ options:
     type: path
   ports:
     description:
-      - TCP ports the next server needs. Each is reported as V(free), V(listening) (a live listener: the next bind
-        fails), V(connected) (live connections of some process still use it) or V(time_wait) (only sockets the
+      - TCP ports the next server needs. Each is reported as V(free), V(listening) (a live listener, so the next
+        bind fails), V(connected) (live connections of some process still use it) or V(time_wait) (only sockets the
         kernel keeps after their owner closed them).
     type: list
     elements: int
@@ -139,7 +139,7 @@ options:
   patterns:
     description:
       - Regular expressions (as for M(gpuops.clean_slate.gpu_procs_kill)) that name the processes a kill phase ends. A
-        port owner that matches one, is in scope and is not protected is flagged RV(ports[].owners[].kill_target).
+        port owner that matches one, is in scope and is not protected is flagged C(kill_target) in RV(ports[].owners).
     type: list
     elements: str
     default: []
