@@ -151,28 +151,38 @@ def validate_ports(ports: t.Sequence[int]) -> list[int]:
 
 
 # ---------------------------------------------------------------------- items
-@dataclass
 class Item:
-    """One candidate: a file or directory a glob matched."""
+    """One candidate: a file or directory a glob matched.
 
-    kind: str
-    path: str  # as the scope sees it
-    vmid: int | None
-    dir_fd: int  # its parent directory, held open until the end
-    name: str
-    dev: int
-    ino: int
-    # Regular files on tmpfs are judged by the directory entry's inode alone and stat'ed only when
-    # their owner, size or removal needs it: 10 000 segments in /dev/shm cost 10 000 stats less.
-    st: os.stat_result | None = None
-    nbytes: int = 0
-    # dirs only: every entry inside, and itself (empty and shared for files: items are made by the thousand)
-    tree: t.AbstractSet[Key] = EMPTY_KEYS
-    tree_dirs: t.AbstractSet[Key] = EMPTY_KEYS
-    tree_names: t.AbstractSet[str] = EMPTY_NAMES
-    holders: list[dict[str, t.Any]] = field(default_factory=list)
-    verdict: str = "remove"  # remove, held, stale, skipped, removed, vanished, error
-    why: str = ""
+    A plain class with slots: items are made by the ten thousand (a full /dev/shm), and each one
+    costs its construction.
+    """
+
+    __slots__ = ("dev", "dir_fd", "holders", "ino", "kind", "name", "nbytes", "parent", "st", "tree", "tree_dirs", "tree_names", "verdict", "vmid", "why")
+
+    def __init__(self, kind: str, parent: str, vmid: int | None, dir_fd: int, name: str, dev: int, ino: int, st: os.stat_result | None = None) -> None:
+        self.kind = kind
+        self.parent = parent  # the directory, as the scope sees it
+        self.vmid = vmid
+        self.dir_fd = dir_fd  # the directory, held open until the end
+        self.name = name
+        self.dev = dev
+        self.ino = ino
+        # Regular files on tmpfs are judged by the directory entry's inode alone and stat'ed only when
+        # their owner, size or removal needs it: 10 000 segments in /dev/shm cost 10 000 stats less.
+        self.st = st
+        self.nbytes = st.st_blocks * 512 if st is not None and kind != "dirs" else 0
+        # dirs only: every entry inside, and itself (empty and shared for files)
+        self.tree: t.AbstractSet[Key] = EMPTY_KEYS
+        self.tree_dirs: t.AbstractSet[Key] = EMPTY_KEYS
+        self.tree_names: t.AbstractSet[str] = EMPTY_NAMES
+        self.holders: list[dict[str, t.Any]] = []
+        self.verdict = "remove"  # remove, held, stale, skipped, removed, vanished, error
+        self.why = ""
+
+    @property
+    def path(self) -> str:
+        return f"{self.parent}/{self.name}"
 
     @property
     def key(self) -> Key:
@@ -293,6 +303,7 @@ class Walker:
         # On tmpfs the directory entry's type and inode are the file's own (no overlay remaps them).
         lazy = kind in ("shm", "locks") and self.root.fstypes.get(dev) == "tmpfs"
         wanted = {"shm": st_mod.S_IFREG, "locks": st_mod.S_IFREG, "sockets": st_mod.S_IFSOCK, "dirs": st_mod.S_IFDIR}[kind]
+        vmid, seen, all_names = self.root.vmid, self._seen, self.names
         for entry in entries:
             name = entry.name
             st = None
@@ -311,14 +322,12 @@ class Walker:
                 if st_mod.S_IFMT(st.st_mode) != wanted:
                     continue
                 key = (st.st_dev, st.st_ino)
-            mark = (kind, *key)
-            self.names.add(name)
-            if mark in self._seen:
+            mark = (kind, key[0], key[1])
+            all_names.add(name)
+            if mark in seen:
                 continue
-            self._seen.add(mark)
-            item = Item(kind=kind, path=f"{rel}/{name}", vmid=self.root.vmid, dir_fd=fd, name=name, dev=key[0], ino=key[1], st=st)
-            if st is not None and kind != "dirs":
-                item.nbytes = st.st_blocks * 512
+            seen.add(mark)
+            item = Item(kind, rel, vmid, fd, name, key[0], key[1], st)
             if kind == "dirs" and not self._tree(fd, item):
                 continue
             found.append(item)
