@@ -313,3 +313,25 @@ def test_zombies_are_seen_without_signalling_anything() -> None:
 
 def test_human_sizes() -> None:
     assert [_residue.human(n) for n in (512, 4096, 3 * 1024**3 + 100 * 1024**2)] == ["512 B", "4.0 KiB", "3.1 GiB"]
+
+
+def test_container_users_are_mapped_to_the_hosts_uids() -> None:
+    """An unprivileged container (user namespace 0 -> 100000): its names and uids as the host sees them."""
+    proc = subprocess.Popen(["unshare", "--user", "sleep", "60"], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and os.readlink(f"/proc/{proc.pid}/exe").rpartition("/")[2] != "sleep":
+            time.sleep(0.01)
+        # What Proxmox's lxc.idmap does for an unprivileged container (root of the host writes the map).
+        Path(f"/proc/{proc.pid}/uid_map").write_text("0 100000 65536\n")
+        fd = os.open(f"/proc/{proc.pid}/root", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            root = _residue.Root(fd=fd, vmid=129, init_pid=proc.pid, scope=None)
+            assert _residue.resolve_users(["root", "1000"], root) == {100000, 101000}
+            with pytest.raises(CleanSlateError, match="users: no user named 'no-such-user' in container 129"):
+                _residue.resolve_users(["no-such-user"], root)
+        finally:
+            os.close(fd)
+    finally:
+        proc.kill()
+        proc.wait()
