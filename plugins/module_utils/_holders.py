@@ -1,0 +1,306 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""Who holds a file: one pass over /proc, plus /proc/locks and the unix socket tables.
+
+A file is held while a live process has it open (``/proc/PID/fd``), maps it
+(``/proc/PID/maps``), has its working directory or root in it, holds a lock on
+it (``/proc/locks``), or (for a socket file) has a socket bound to it
+(``/proc/PID/net/unix``). Everything is matched by device and inode, never by
+path: the same path names different files in different mount namespaces (a
+container's ``/dev/shm`` is not the host's), and a path printed by the kernel
+is relative to the reader's root. Paths only narrow down which fds to stat.
+
+The pass is written for speed (it is the cost of the residue phase on a host
+with thousands of processes): one listdir and one readlink per fd, one read
+of maps per process, and a stat only for fds whose name is a candidate's.
+Every reader tolerates processes that vanish mid-scan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import typing as t
+from dataclasses import dataclass, field
+
+Key = t.Tuple[int, int]  # (st_dev, st_ino)
+
+# "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; blocked waiters carry "->" after the id.
+_LOCK_LINE = re.compile(r"^\d+:\s+(?:->\s+)?(\S+)\s+\S+\s+\S+\s+(-?\d+)\s+([0-9a-fA-F]+):([0-9a-fA-F]+):(\d+)\s")
+_MAPS_BUFFER = 262144
+
+
+def dev_token(dev: int) -> str:
+    """A device number as /proc/PID/maps and /proc/locks print it (``%02x:%02x``)."""
+    return f"{os.major(dev):02x}:{os.minor(dev):02x}"
+
+
+@dataclass
+class Hold:
+    """One way one process holds one file."""
+
+    pid: int
+    how: str  # fd, mmap, cwd, root, lock, bound
+
+
+@dataclass
+class Watch:
+    """What to look for in one pass."""
+
+    keys: set[Key] = field(default_factory=set)  # files and directories whose holders are wanted
+    names: set[str] = field(default_factory=set)  # their names: an fd is stat'ed only when its target has one of them
+    any_name: bool = False  # some file has other hard links: stat every fd that names a path
+    name_only: set[str] = field(default_factory=set)  # names on overlayfs, whose maps show the lower inode: match maps by name
+    cwd_keys: set[Key] = field(default_factory=set)  # directories: processes whose cwd or root is one of them
+    sockets: set[int] | None = field(default_factory=set)  # socket inodes whose owners are wanted (None: every socket)
+    netns: bool = False  # find one process per network namespace
+    zombies: bool = True
+
+
+@dataclass
+class Scan:
+    """What one pass found."""
+
+    holds: dict[Key, list[Hold]] = field(default_factory=dict)
+    name_holds: dict[str, list[Hold]] = field(default_factory=dict)  # overlayfs names mapped (see Watch.name_only)
+    socket_owners: dict[int, list[int]] = field(default_factory=dict)
+    netns: dict[int, int] = field(default_factory=dict)  # network namespace inode -> a pid in it
+    zombies: list[tuple[int, int, str]] = field(default_factory=list)  # (pid, ppid, comm)
+    unreadable: list[int] = field(default_factory=list)  # pids whose fds or maps could not be read (permission)
+    processes: int = 0
+    error: Exception | None = None
+
+    def add(self, key: Key, pid: int, how: str) -> None:
+        holds = self.holds.setdefault(key, [])
+        for h in holds:
+            if h.pid == pid and h.how == how:
+                return
+        holds.append(Hold(pid, how))
+
+
+def _read_all(path: str, buf: bytearray) -> bytes | None:
+    """The whole of a /proc file, reading into ``buf`` to spare an allocation per process."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # A read of a seq_file returns whole records, not the whole file: read until EOF.
+        chunks: list[bytes] = []
+        while True:
+            n = os.readv(fd, [buf])
+            if not n:
+                return b"".join(chunks)
+            chunks.append(bytes(memoryview(buf)[:n]))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _stat_line(pid: str) -> tuple[str, int, str] | None:
+    """(state, ppid, comm) from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    head, _sep, rest = raw.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 2:
+        return None
+    return fields[0], int(fields[1]), head.partition("(")[2]
+
+
+def scan(watch: Watch, workers: int = 0) -> Scan:
+    """One pass over every process in this /proc (this process excepted).
+
+    The pass is bound by the kernel's work (generating maps, resolving fd
+    links), which Python threads do in parallel: with ``workers`` threads (0:
+    two on a machine with more than one CPU) the processes are split between
+    them and the findings merged.
+    """
+    self_pid = str(os.getpid())
+    names = [n for n in os.listdir("/proc") if n.isdigit() and n != self_pid]
+    if workers <= 0:
+        workers = 2 if (os.cpu_count() or 1) > 1 else 1
+    workers = max(1, min(workers, len(names) // 256 or 1))
+    parts = [Scan() for _unused in range(workers)]
+    if workers == 1:
+        _scan_part(names, watch, parts[0])
+    else:
+        threads = [threading.Thread(target=_scan_part, args=(names[i::workers], watch, parts[i]), daemon=True) for i in range(workers)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    out = parts[0]
+    for part in parts[1:]:
+        for key, holds in part.holds.items():
+            out.holds.setdefault(key, []).extend(holds)
+        for name, holds in part.name_holds.items():
+            out.name_holds.setdefault(name, []).extend(holds)
+        for ino, pids in part.socket_owners.items():
+            out.socket_owners.setdefault(ino, []).extend(pids)
+        for ns, pid in part.netns.items():
+            out.netns.setdefault(ns, pid)
+        out.zombies.extend(part.zombies)
+        out.unreadable.extend(part.unreadable)
+        out.processes += part.processes
+    if part_errors := [p.error for p in parts if p.error is not None]:
+        raise part_errors[0]
+    return out
+
+
+def _scan_part(proc_names: list[str], watch: Watch, out: Scan) -> None:
+    try:
+        _scan_loop(proc_names, watch, out)
+    except Exception as exc:  # noqa: BLE001 - re-raised by scan() in the caller's thread
+        out.error = exc
+
+
+def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
+    keys, names, any_name = watch.keys, watch.names, watch.any_name
+    want_sockets, all_sockets = watch.sockets, watch.sockets is None
+    by_token = {dev_token(dev).encode(): dev for dev in {k[0] for k in keys}}
+    tokens_sp = [b" " + tok + b" " for tok in by_token]
+    name_tokens = [b"/" + n.encode("utf-8", "surrogateescape") for n in watch.name_only]
+    read_maps = bool(tokens_sp or name_tokens)
+    want_cwd = bool(watch.cwd_keys)
+    need_fds = bool(keys) or all_sockets or bool(want_sockets)
+    buf = bytearray(_MAPS_BUFFER)
+    listdir, readlink, stat = os.listdir, os.readlink, os.stat
+    for name in proc_names:
+        base = "/proc/" + name
+        pid = int(name)
+        fds: list[str] | None = None
+        if need_fds:
+            try:
+                fds = listdir(base + "/fd")
+            except PermissionError:
+                out.unreadable.append(pid)
+            except OSError:
+                continue  # gone
+        out.processes += 1
+        if fds:
+            prefix = base + "/fd/"
+            for fd in fds:
+                try:
+                    target = readlink(prefix + fd)
+                except OSError:
+                    continue
+                if target[:1] == "/":
+                    if not keys or target.endswith(" (deleted)"):
+                        continue
+                    if any_name or target.rpartition("/")[2] in names:
+                        try:
+                            st = stat(prefix + fd)
+                        except OSError:
+                            continue
+                        key = (st.st_dev, st.st_ino)
+                        if key in keys:
+                            out.add(key, pid, "fd")
+                elif target[:8] == "socket:[":
+                    ino = int(target[8:-1])
+                    if all_sockets or ino in t.cast(t.Set[int], want_sockets):
+                        out.socket_owners.setdefault(ino, []).append(pid)
+        maps = b""
+        if read_maps:
+            data = _read_all(base + "/maps", buf)
+            if data is None:
+                if os.path.exists(base) and fds is not None:
+                    out.unreadable.append(pid)
+            else:
+                maps = data
+                if any(tok in data for tok in tokens_sp) or any(tok in data for tok in name_tokens):
+                    _match_maps(data, by_token, watch, out, pid)
+        if want_cwd:
+            for link in ("cwd", "root"):
+                try:
+                    st = stat(base + "/" + link)
+                except OSError:
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in watch.cwd_keys:
+                    out.add(key, pid, link)
+        if watch.netns:
+            try:
+                ns = readlink(base + "/ns/net")
+                out.netns.setdefault(int(ns[5:-1]), pid)
+            except (OSError, ValueError):
+                pass
+        # A zombie has neither files nor memory: only those, and unreadable ones, cost a stat read.
+        if watch.zombies and not fds and not maps:
+            st_line = _stat_line(name)
+            if st_line and st_line[0] == "Z":
+                out.zombies.append((pid, st_line[1], st_line[2]))
+
+
+def _match_maps(data: bytes, by_token: dict[bytes, int], watch: Watch, out: Scan, pid: int) -> None:
+    for line in data.split(b"\n"):
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        dev = by_token.get(parts[3])
+        if dev is not None:
+            try:
+                key = (dev, int(parts[4]))
+            except ValueError:
+                continue
+            if key in watch.keys:
+                out.add(key, pid, "mmap")
+                continue
+        if watch.name_only and len(parts) == 6:
+            path = parts[5].strip()
+            if path.endswith(b" (deleted)"):
+                continue
+            base = path.rpartition(b"/")[2].decode("utf-8", "surrogateescape")
+            if base in watch.name_only:
+                # Overlayfs maps show the lower file's inode: the name is all there is to go by.
+                holds = out.name_holds.setdefault(base, [])
+                if not any(h.pid == pid for h in holds):
+                    holds.append(Hold(pid, "mmap"))
+
+
+def read_locks(keys: set[Key], path: str = "/proc/locks") -> dict[Key, list[Hold]]:
+    """Locks (flock, POSIX, OFD, leases) held on ``keys``, with the holder pid (-1 or 0: not known here)."""
+    out: dict[Key, list[Hold]] = {}
+    if not keys:
+        return out
+    devs = {dev_token(dev): dev for dev in {k[0] for k in keys}}
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            lines = fh.readlines()
+    except OSError:
+        return out
+    for line in lines:
+        m = _LOCK_LINE.match(line)
+        if not m:
+            continue
+        dev = devs.get(f"{m.group(3).lower()}:{m.group(4).lower()}")
+        if dev is None:
+            continue
+        key = (dev, int(m.group(5)))
+        if key in keys:
+            out.setdefault(key, []).append(Hold(int(m.group(2)), "lock"))
+    return out
+
+
+def read_unix(pid: int | str) -> list[tuple[int, str]]:
+    """Bound unix sockets of the network namespace of ``pid``: (socket inode, path). Abstract ones are left out."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/net/unix", encoding="utf-8", errors="surrogateescape") as fh:
+            next(fh, None)
+            for line in fh:
+                parts = line.rstrip("\n").split(None, 7)
+                if len(parts) == 8 and parts[7][:1] != "@":
+                    out.append((int(parts[6]), parts[7]))
+    except (OSError, ValueError):
+        pass
+    return out

@@ -1,0 +1,464 @@
+#!/usr/bin/python
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_job_residue
+short_description: Remove what dead GPU jobs left behind, and check the ports the next server needs
+version_added: 0.2.0
+author:
+  - gpuops.clean_slate maintainers (@gpuops)
+description:
+  - Finds the residue a killed SGLang, vLLM, NCCL, torch or Ray job leaves on a host besides GPU memory, with absolute
+    path globs per kind. O(shm) are shared memory segments and POSIX semaphores (regular files), O(sockets) are ZMQ
+    C(ipc://) and other unix socket files (socket files only), O(locks) are lock files of JIT compile caches (regular
+    files, searched with C(**) through the cache directories), O(dirs) are per-run directories removed as a whole.
+  - Removes an item only when it is provably orphaned. No live process has it (or, for a directory, anything in it)
+    open or mapped (C(/proc/*/fd), C(/proc/*/maps)), holds a lock on it (C(/proc/locks)), has a socket bound to it
+    (the unix socket table of every network namespace), or works inside it. Items are matched by device and inode, so
+    the same path in another mount namespace is never confused with it. Anything held is kept and reported with its
+    holders (pid, name, how, and whether the holder is a protected daemon).
+  - Paths are walked one component at a time from directory file descriptors without following any symbolic link, so
+    no pattern leaves its root; right before each unlink the item is checked again through its directory and must
+    still be the file that was judged.
+  - With O(containers), it works inside those LXC containers only, through the root of each container's init
+    (C(/proc/<init>/root)); the host's own files are not looked at. Holders are looked for among all processes the
+    module can see, which on a hypervisor includes every container's.
+  - For each of O(ports) it says whether the next server can bind it, from C(/proc/net/tcp) and C(tcp6) of the host
+    or of each container's network namespace, with the owner of each live socket. It reports zombies and the parents
+    that do not reap them. It signals no process.
+extends_documentation_fragment:
+  - gpuops.clean_slate._attributes
+attributes:
+  check_mode:
+    support: full
+    details: Lists what would be removed and the bytes it would free, and removes nothing.
+  diff_mode:
+    support: full
+    details: The diff lists the orphaned items before, and those still there after.
+  idempotent:
+    support: full
+    details: A second run finds nothing orphaned to remove and reports no change.
+options:
+  shm:
+    description:
+      - Absolute path globs of shared memory residue. Only regular files are considered.
+      - The defaults match NCCL segments (C(nccl-XXXXXX)), vLLM's (C(vllm_offload_*.mmap), C(vllm-*)), torch's
+        (C(torch_<pid>_<n>)), Python's C(multiprocessing.shared_memory) (C(psm_*)) and multiprocessing semaphores
+        (C(sem.mp-*)).
+    type: list
+    elements: str
+    default: [/dev/shm/nccl-*, /dev/shm/vllm*, /dev/shm/torch_*, /dev/shm/psm_*, /dev/shm/sem.mp-*]
+  sockets:
+    description:
+      - Absolute path globs of unix socket files. Only socket files are considered, so a glob may be broad.
+      - The defaults match SGLang's C(ipc://) names (C(/tmp/tmpXXXXXXXX)), vLLM's (a UUID, optionally after a
+        description), and Ray's session sockets.
+    type: list
+    elements: str
+    default:
+      - /tmp/tmp????????
+      - /tmp/????????-????-????-????-????????????
+      - /tmp/*-????????-????-????-????-????????????
+      - /tmp/ray/session_*/sockets/*
+  locks:
+    description:
+      - Absolute path globs of lock files of JIT compile caches; C(**) matches any number of directories (at most 16).
+        Only regular files are considered.
+      - A lock file that no process holds blocks the next start when the lock is the file's existence (torch
+        cpp_extension's C(lock) baton); a C(filelock) file nobody holds is harmless. Both are reported as orphaned;
+        they are removed only when O(remove) contains V(locks).
+    type: list
+    elements: str
+    default:
+      - /root/.cache/flashinfer/**/*.lock
+      - /home/*/.cache/flashinfer/**/*.lock
+      - /root/.cache/torch_extensions/**/lock
+      - /home/*/.cache/torch_extensions/**/lock
+      - /root/.triton/cache/**/*.lock
+      - /home/*/.triton/cache/**/*.lock
+      - /root/.cache/vllm/**/*.lock
+      - /home/*/.cache/vllm/**/*.lock
+      - /tmp/torchinductor_*/locks/*.lock
+  dirs:
+    description:
+      - Absolute path globs of per-run directories, removed with everything in them when nothing in them is held
+        and O(remove) contains V(dirs). The last component must contain literal characters, and C(**) is not
+        allowed.
+      - The default matches torchelastic's C(/tmp/torchelastic_*) (which also holds that run's logs).
+    type: list
+    elements: str
+    default: [/tmp/torchelastic_*]
+  remove:
+    description:
+      - The kinds of orphaned items to remove. Orphaned items of other kinds are reported as RV(stale).
+      - Lock files and directories are not removed by default. A live compile's lock baton and a live torchelastic
+        agent's run directory are not held open all the time, so no holder does not prove that their job is dead;
+        add them when no job runs on the host.
+    type: list
+    elements: str
+    choices: [shm, sockets, locks, dirs]
+    default: [shm, sockets]
+  users:
+    description:
+      - Only consider items owned by these users (names or uids). Empty means any owner.
+      - With O(containers), names are looked up in the container's C(/etc/passwd) and uids are the container's,
+        mapped to the host's through the container's user namespace.
+    type: list
+    elements: str
+    default: []
+  containers:
+    description:
+      - On a Proxmox VE hypervisor, work inside these LXC containers (by vmid) instead of on the host, through the
+        root and the network namespace of each container's init (from C(pct status <vmid> --verbose)).
+    type: list
+    elements: int
+    default: []
+  pct_path:
+    description:
+      - Path of the C(pct) command used to resolve O(containers). Found on E(PATH) and in C(/usr/sbin) by default;
+        C(lxc-info) is used when there is no C(pct).
+    type: path
+  ports:
+    description:
+      - TCP ports the next server needs. Each is reported as V(free), V(listening) (a live listener, so the next
+        bind fails), V(connected) (live connections of some process still use it) or V(time_wait) (only sockets the
+        kernel keeps after their owner closed them).
+    type: list
+    elements: int
+    default: []
+  time_wait_timeout:
+    description:
+      - Seconds to wait for ports that are only in V(time_wait) to become free. V(0) reports them at once, with the
+        time left.
+    type: float
+    default: 0
+  patterns:
+    description:
+      - Regular expressions (as for M(gpuops.clean_slate.gpu_procs_kill)) that name the processes a kill phase ends. A
+        port owner that matches one, is in scope and is not protected is flagged C(kill_target) in RV(ports[].owners).
+    type: list
+    elements: str
+    default: []
+  protect:
+    description:
+      - More names of protected daemons (shell-style globs), added to the default list of
+        M(gpuops.clean_slate.gpu_procs_kill). Holders and port owners that match are flagged as protected; this module
+        signals no process either way.
+    type: list
+    elements: str
+    default: []
+  fail_on:
+    description:
+      - Port states that make the module fail, because the next server start would.
+    type: list
+    elements: str
+    choices: [listening, connected, time_wait]
+    default: [listening]
+  list_limit:
+    description:
+      - The most entries each list of the result holds; the counts in RV(summary) always cover everything.
+    type: int
+    default: 200
+requirements:
+  - Root on the target, so that every process's files can be inspected; otherwise nothing is removed.
+notes:
+  - A process that opens an orphaned file after the scan and before the unlink, without writing to it, is not seen;
+    the window is the few milliseconds between the two.
+  - Inside a container, processes outside it (on its host) cannot be seen; run the module on the hypervisor with
+    O(containers) to see them all.
+seealso:
+  - module: gpuops.clean_slate.gpu_procs_kill
+  - module: gpuops.clean_slate.gpu_mem_verify
+"""
+
+EXAMPLES = r"""
+---
+- name: Remove the residue of dead inference jobs, and check port 30000
+  gpuops.clean_slate.gpu_job_residue:
+    ports: [30000]
+
+- name: Show what would go, and the bytes it would free
+  gpuops.clean_slate.gpu_job_residue:
+  check_mode: true
+  register: residue
+
+- name: Also remove stale JIT compile locks and torchelastic directories, and wait up to 60 s for TIME_WAIT on 8000
+  gpuops.clean_slate.gpu_job_residue:
+    remove: [shm, sockets, locks, dirs]
+    ports: [8000]
+    time_wait_timeout: 60
+    fail_on: [listening, time_wait]
+
+- name: Only the inference user's segments, with a site-specific AITER lock directory
+  gpuops.clean_slate.gpu_job_residue:
+    users: [inference]
+    locks:
+      - /sgl-workspace/aiter/aiter/jit/build/lock_*
+    remove: [shm, sockets, locks]
+
+- name: From a Proxmox hypervisor, inside LXC container 129 only
+  gpuops.clean_slate.gpu_job_residue:
+    containers: [129]
+    ports: [30000]
+    patterns: ['^sglang::', 'sglang\.launch_server']
+    pct_path: /usr/sbin/pct
+
+- name: Extra residue locations and a protected exporter
+  gpuops.clean_slate.gpu_job_residue:
+    shm: [/dev/shm/nccl-*, /dev/shm/myjob-*]
+    sockets: [/run/myjob/*.sock]
+    dirs: [/scratch/tmp/torchelastic_*]
+    protect: [my-gpu-exporter]
+    list_limit: 50
+"""
+
+RETURN = r"""
+msg:
+  description: One line for people.
+  returned: always
+  type: str
+  sample: 12 stale segments (3.1 GiB) removed, port 30000 free
+summary:
+  description: Counts over everything found (not limited by O(list_limit)), the state of every port, the zombies, a
+    few paths of each list, and RV(msg).
+  returned: always
+  type: dict
+  sample:
+    removed: 12
+    removed_bytes: 3328599654
+    held: 1
+    stale: 0
+    ignored: 0
+    errors: 0
+    kinds: {"shm": {"removed": 12, "bytes": 3328599654, "held": 1, "stale": 0}}
+    ports: {"30000": free}
+    zombies: 0
+    non_reaping: []
+    paths: {"removed": ["/dev/shm/nccl-a1B2c3"], "held": ["/dev/shm/nccl-Zz9y8x (812 nv-hostengine)"], "stale": []}
+    msg: 12 stale segments (3.1 GiB) removed, port 30000 free
+removed:
+  description: The orphaned items removed (in check mode, those that would be).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The path as the host or the container sees it.
+      type: str
+      sample: /dev/shm/nccl-a1B2c3
+    kind:
+      description: V(shm), V(sockets), V(locks) or V(dirs).
+      type: str
+      sample: shm
+    bytes:
+      description: Bytes it occupies (for a directory, everything in it).
+      type: int
+      sample: 277383305
+    uid:
+      description: Owner, as the host sees it.
+      type: int
+      sample: 0
+    container:
+      description: The container it is in, with O(containers); null otherwise.
+      type: int
+      sample: 129
+held:
+  description: Items kept because a live process holds them, with up to 10 holders each (C(pid), C(name), C(cmdline),
+    C(how) - V(fd), V(mmap), V(lock), V(bound), V(cwd) or V(root) - C(protected), C(container)).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - path: /dev/shm/nccl-Zz9y8x
+      kind: shm
+      bytes: 4198400
+      uid: 0
+      container: null
+      holders: [{"pid": 812, "name": nv-hostengine, "how": [mmap], "protected": true, "container": null}]
+stale:
+  description: Orphaned items of a kind O(remove) does not include (stale JIT locks by default), kept.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": /root/.cache/torch_extensions/py311_cu124/fused_adam/lock, "kind": locks, "bytes": 0, "uid": 0}]
+ignored:
+  description: Items not judged or not removed, with why (another owner than O(users), changed since judged, gone).
+  returned: always
+  type: list
+  elements: dict
+  sample: []
+errors:
+  description: Orphaned items whose removal failed, with why.
+  returned: always
+  type: list
+  elements: dict
+  sample: []
+truncated:
+  description: Whether a list was cut at O(list_limit).
+  returned: always
+  type: bool
+  sample: false
+ports:
+  description: One entry per port (and per container).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    port:
+      description: The port.
+      type: int
+      sample: 30000
+    state:
+      description: V(free), V(listening), V(connected) or V(time_wait).
+      type: str
+      sample: listening
+    container:
+      description: The container whose network namespace was read, or null.
+      type: int
+      sample: 129
+    owners:
+      description: Processes with a live socket on the port (C(pid), C(name), C(cmdline), C(address), C(listening),
+        C(protected), C(kill_target) - it matches O(patterns), is in scope and is not protected).
+      type: list
+      elements: dict
+      sample: [{"pid": 4242, "name": "sglang::schedul", "address": "127.0.0.1:30000", "listening": true, "kill_target": true}]
+    connections:
+      description: Live sockets other than listeners on the port.
+      type: int
+      sample: 0
+    time_wait:
+      description: Sockets the kernel keeps after their owner closed them (TIME_WAIT and the like).
+      type: int
+      sample: 3
+    remaining_s:
+      description: For V(time_wait), the longest time left on their timers, in seconds.
+      type: float
+      sample: 42.5
+    waited_s:
+      description: Seconds spent waiting for TIME_WAIT to pass (O(time_wait_timeout)).
+      type: float
+      sample: 0.0
+zombies:
+  description: Zombie processes in scope (C(pid), C(name), C(ppid), C(container)).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"pid": 4301, "name": python3, "ppid": 1, "container": 129}]
+non_reaping:
+  description: Parents of zombies (C(pid), C(name), C(init) - PID 1 of its namespace, C(container), C(zombies), C(why)).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"pid": 8123, "name": "init", "init": true, "container": 129, "zombies": 3,
+            "why": "PID 1 of container 129 (init) does not reap its children: 3 zombie(s)"}]
+processes:
+  description: Processes inspected.
+  returned: always
+  type: int
+  sample: 412
+notes:
+  description: Caveats (paths that are symbolic links, directories too big to judge, processes that could not be inspected).
+  returned: always
+  type: list
+  elements: str
+  sample: []
+reason:
+  description: Why the module failed - V(port_in_use), V(port_connected), V(port_time_wait), V(remove_failed),
+    V(scan_incomplete), V(bad_arguments), V(not_running), V(no_such_container) or V(internal_error).
+  returned: failure
+  type: str
+  sample: port_in_use
+elapsed_s:
+  description: Seconds the module took.
+  returned: always
+  type: float
+  sample: 0.12
+"""
+
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _residue, _scope
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+
+
+def build_request(module: AnsibleModule) -> _residue.Request:
+    """Validate every option; raises before anything is looked at or removed."""
+    p = module.params
+    globs = [_residue.parse_glob(kind, pattern) for kind in _residue.KINDS for pattern in p[kind]]
+    if p["time_wait_timeout"] < 0:
+        raise CleanSlateError(f"time_wait_timeout must be >= 0 seconds, got {p['time_wait_timeout']}.", reason="bad_arguments")
+    if p["list_limit"] < 0:
+        raise CleanSlateError(f"list_limit must be >= 0, got {p['list_limit']}.", reason="bad_arguments")
+    for vmid in p["containers"]:
+        if not 100 <= vmid <= 999999999:
+            raise CleanSlateError(f"containers: {vmid} is not a valid Proxmox vmid (100-999999999).", reason="bad_arguments")
+    ports = _residue.validate_ports(p["ports"])
+    patterns = _procs.compile_patterns(p["patterns"])
+    protect = _procs.protect_list(p["protect"], [])
+    scopes = []
+    if p["containers"]:
+        pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
+        lxc_info = None if pct else module.get_bin_path("lxc-info", opt_dirs=["/usr/bin", "/usr/sbin"])
+        scopes = _scope.resolve(p["containers"], lambda argv, data, binary: module.run_command(argv, data=data, binary_data=binary), pct, lxc_info)
+    return _residue.Request(
+        globs=globs,
+        remove=set(p["remove"]),
+        users=p["users"],
+        scopes=scopes,
+        ports=ports,
+        time_wait_timeout=p["time_wait_timeout"],
+        patterns=patterns,
+        protect=protect,
+        fail_on=set(p["fail_on"]),
+        list_limit=p["list_limit"],
+    )
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "shm": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_SHM)},
+            "sockets": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_SOCKETS)},
+            "locks": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_LOCKS)},
+            "dirs": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_DIRS)},
+            "remove": {"type": "list", "elements": "str", "choices": list(_residue.KINDS), "default": list(_residue.DEFAULT_REMOVE)},
+            "users": {"type": "list", "elements": "str", "default": []},
+            "containers": {"type": "list", "elements": "int", "default": []},
+            "pct_path": {"type": "path"},
+            "ports": {"type": "list", "elements": "int", "default": []},
+            "time_wait_timeout": {"type": "float", "default": 0},
+            "patterns": {"type": "list", "elements": "str", "default": []},
+            "protect": {"type": "list", "elements": "str", "default": []},
+            "fail_on": {"type": "list", "elements": "str", "choices": list(_residue.FAIL_ON), "default": ["listening"]},
+            "list_limit": {"type": "int", "default": 200},
+        },
+        supports_check_mode=True,
+    )
+    start = time.monotonic()
+    try:
+        result = _residue.run(build_request(module), module.check_mode)
+    except CleanSlateError as exc:
+        out = exc.result()
+        out.setdefault("summary", {})
+        module.fail_json(elapsed_s=round(time.monotonic() - start, 4), **out)
+    except Exception as exc:
+        module.fail_json(msg=f"gpu_job_residue failed unexpectedly: {exc}", reason="internal_error", exception=traceback.format_exc())
+    result["elapsed_s"] = round(time.monotonic() - start, 4)
+    if module._diff:  # pylint: disable=protected-access
+        gone = [r["path"] for r in result["removed"]]
+        left = [] if module.check_mode else [r["path"] for r in result["errors"]]
+        result["diff"] = {"before": "".join(p + "\n" for p in gone + left), "after": "".join(p + "\n" for p in left)}
+        if module.check_mode:
+            result["diff"]["after"] = ""
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
