@@ -46,7 +46,7 @@ def test_many_hosts_are_shortened() -> None:
 
 
 def test_an_empty_inventory_points_at_the_inventory_source() -> None:
-    with pytest.raises(AnsibleFilterError, match="the inventory has no hosts. An inventory source failed to parse"):
+    with pytest.raises(AnsibleFilterError, match=r"the inventory has no hosts\. An inventory source failed to parse"):
         ph.play_hosts("gpu_nodes", [], [], {"all": [], "ungrouped": []}, "gpu_nodes")
 
 
