@@ -25,11 +25,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 from gpusim import Node
 from prometheus_client.parser import text_string_to_metric_families
-from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, local_inventory, run_playbook
+from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, local_inventory, local_play, run_playbook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -205,6 +206,26 @@ def test_an_inventory_that_failed_to_parse_stops_the_run(node, limit: str | None
     assert "gpuops.clean_slate: nothing to clean: the inventory has no hosts. An inventory source failed to parse" in text, run.output
     assert "expired-0000" not in run.stdout + run.stderr
     assert not run.results and worker.alive()
+
+
+def test_the_examples_ansible_cfg_turns_inventory_and_limit_mistakes_into_errors(node, tmp_path: Path) -> None:
+    """docs/examples/*/ansible.cfg: an inventory source that fails and a limit that matches nothing stop
+    Ansible itself; a good run is not disturbed by it."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)})
+    static = {**n.env(), "ANSIBLE_CONFIG": str(ROOT / "docs" / "examples" / "static" / "ansible.cfg")}
+    run = run_playbook(PLAYBOOK, inventory=inv, env=static, limit="gpu-nodes", wrapper=sb.nsenter_prefix())
+    assert run.rc == 1 and "[ERROR]: Could not match supplied host pattern, ignoring: gpu-nodes" in run.stderr, run.output
+    assert worker.alive()
+    with PveSim(load_cluster("gpu3")) as sim:
+        env = {**n.env(), **sim.env(), "PROXMOX_TOKEN_SECRET": "expired-0000", "ANSIBLE_CONFIG": str(ROOT / "docs" / "examples" / "proxmox" / "ansible.cfg")}
+        run = run_playbook(PLAYBOOK, inventory=CLUSTER_SOURCE, env=env, wrapper=sb.nsenter_prefix())
+    assert run.rc != 0 and "Completely failed to parse inventory source" in " ".join(run.stderr.split()), run.output
+    assert worker.alive() and not run.results
+    run = run_playbook(PLAYBOOK, inventory=inv, env=static, wrapper=sb.nsenter_prefix())
+    assert run.rc == 0, run.output
+    assert artifacts(run)["host-a"]["clean"] is True and not worker.alive()
 
 
 # ---------------------------------------------------------------------- one failure path
@@ -440,3 +461,35 @@ def test_relative_report_dir_is_taken_from_where_ansible_playbook_runs(node, tmp
     assert report["clean"] is True and report["phase"] == "done"
     assert not (ROOT / "playbooks" / "reports").exists()
     assert stat.S_IMODE(os.stat(workdir / "reports" / "host-a.json").st_mode) == 0o644
+
+
+# ---------------------------------------------------------------------- the README does what it says
+def test_the_readme_module_example_ends_renamed_workers_in_any_case(tmp_path: Path) -> None:
+    """README.md, "The modules on their own", run as written: VLLM::Worker_TP1 is ended with the others."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### The modules on their own") :]
+    tasks = yaml.safe_load(section[section.index("```yaml") + len("```yaml") : section.index("```", section.index("```yaml") + 7)])
+    assert [next(iter(k for k in t if k != "name")) for t in tasks] == ["gpuops.clean_slate.gpu_procs_kill", "gpuops.clean_slate.gpu_mem_verify"]
+    with Node(gpus=8, seed="readme") as n:
+        sb = n.sandbox()
+        try:
+            # Renamed processes that hold no GPU: only the name patterns can find them.
+            names = ["VLLM::Worker_TP1", "sglang::scheduler_TP0", "other-job"]
+            for name in names:
+                sb.spawn_detached(["bash", "-c", f'exec -a "{name}" sleep 300'])
+            procs: dict[str, psutil.Process] = {}
+            for _ in range(500):
+                procs = {p.info["cmdline"][0]: p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.info["cmdline"][0] in names}
+                if len(procs) == len(names):
+                    break
+                psutil.wait_procs([], timeout=0.01)
+            assert set(procs) == set(names)
+            run = run_playbook(local_play(tasks), inventory="localhost,", env=n.env(), wrapper=sb.nsenter_prefix())
+            assert run.rc == 0, run.output
+            ended = {t["cmdline"].split()[0] for t in run.task(tasks[0]["name"])["result"]["targets"]}
+            assert ended == {"VLLM::Worker_TP1", "sglang::scheduler_TP0"}
+            assert not procs["VLLM::Worker_TP1"].is_running() and not procs["sglang::scheduler_TP0"].is_running()
+            assert procs["other-job"].is_running()
+            assert run.task(tasks[1]["name"])["result"]["clean_count"] == 8
+        finally:
+            sb.stop()
