@@ -478,7 +478,7 @@ def test_the_readme_module_example_ends_renamed_workers_in_any_case(tmp_path: Pa
             for name in names:
                 sb.spawn_detached(["bash", "-c", f'exec -a "{name}" sleep 300'])
             procs: dict[str, psutil.Process] = {}
-            for _ in range(500):
+            for _attempt in range(500):
                 procs = {p.info["cmdline"][0]: p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.info["cmdline"][0] in names}
                 if len(procs) == len(names):
                     break

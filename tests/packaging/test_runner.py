@@ -136,8 +136,11 @@ def test_a_job_that_targets_no_host_fails(tmp_path: Path, installed: Path) -> No
             assert rc != 0 and status["status"] == "failed"
             assert "Could not match supplied host pattern, ignoring: gpu-nodes" in status["stdout"]
             # A limit on a host outside the playbook's group: the play_hosts guard stops it and says why.
-            rc, status, _events = run_job(pdd, sb, "--limit", "localhost", ident="outside")
+            (pdd / "inventory" / "other.yml").write_text(yaml.safe_dump({"storage": {"hosts": {"db1": {"ansible_connection": "local"}}}}))
+            rc, status, _events = run_job(pdd, sb, "--limit", "db1", ident="outside")
             assert rc != 0 and status["status"] == "failed"
+            assert "--limit 'db1' leaves none of the 1 host(s) of 'gpu_nodes' (node1)" in " ".join(status["stdout"].split())
+            (pdd / "inventory" / "other.yml").unlink()
             # An inventory source that fails to parse (the Proxmox API with an expired token).
             (pdd / "inventory" / "hosts.yml").unlink()
             (pdd / "inventory" / "gpu.proxmox.yml").write_text("plugin: gpuops.clean_slate.proxmox\nvalidate_certs: false\n")
