@@ -85,8 +85,8 @@ def test_the_residue_of_the_killed_job_goes_and_the_port_is_free(site, tmp_path:
     report = json.loads((reports / "gpu-node-1.json").read_text())
     assert report["residue"]["removed_bytes"] == residue["summary"]["removed_bytes"] > 0
     assert set(report["residue"]["paths"]["removed"]) == orphans
-    # The phase runs alone with its tag, and a second run finds nothing to remove.
-    run = run_playbook(PLAYBOOK, inventory=inv, env=node.env(), tags="clean_slate_residue", wrapper=sb.nsenter_prefix())
+    # The phase runs with its tag (and verify, without which a run proves nothing and is red); a second run finds nothing to remove.
+    run = run_playbook(PLAYBOOK, inventory=inv, env=node.env(), tags="clean_slate_residue,clean_slate_verify", wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
     again = run.task("Remove orphaned job residue and check the ports")["result"]
     assert again["changed"] is False and again["summary"]["removed"] == 0
@@ -102,13 +102,16 @@ def test_a_listener_the_kill_phase_does_not_end_fails_the_host(site, tmp_path: P
     run = run_playbook(PLAYBOOK, inventory=inv, env=node.env(), wrapper=sb.nsenter_prefix())
     assert run.rc != 0
     assert other.alive()
-    failed = run.task("Fail this host with the diagnosis")["result"]["msg"]
-    assert f"port {port} is still listened on by PID {other.ns_pid} (redis-server)" in failed, failed
-    assert "stop that service or add a pattern that matches it" in failed
+    # The residue task's own failure stops the host (the role's one failure path prints it once).
+    failed = run.task("Remove orphaned job residue and check the ports")["result"]
+    assert failed["reason"] == "port_in_use", failed
+    assert f"port {port} is still listened on by PID {other.ns_pid} (redis-server)" in failed["msg"], failed["msg"]
+    assert "stop that service or add a pattern that matches it" in failed["msg"]
     assert "Wait until every GPU is clean" not in {r["task"].split(" : ")[-1] for r in run.results}
     report = json.loads((reports / "gpu-node-1.json").read_text())
-    assert report["clean"] is False and report["residue"]["ports"] == {str(port): "listening"}
-    assert report["summary"].endswith(" - FAILED")
+    assert report["clean"] is False and report["phase"] == "residue" and report["reason"] == "port_in_use", report
+    assert report["residue"]["ports"] == {str(port): "listening"}
+    assert " - FAILED in residue (port_in_use): " in report["summary"], report["summary"]
 
 
 def test_check_mode_removes_nothing_and_says_what_would_go(site, tmp_path: Path) -> None:

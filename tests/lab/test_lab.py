@@ -235,28 +235,55 @@ def test_stopped_container_fails_alone(fresh: Lab) -> None:
     assert s["ct201"]["failures"] == 1, s
     res = result_of(run, "ct201")
     assert "container 201 is not running" in res["failure"], res
-    assert res["clean"] is False and res["summary"].endswith("FAILED")
+    assert res["clean"] is False and (res["phase"], res["reason"]) == ("kill", "not_running"), res
+    assert "FAILED in kill (not_running): " in res["summary"]
     for name in GPU_HOSTS - {"ct201"}:
         assert s[name]["failures"] == 0 and s[name]["unreachable"] == 0, (name, s[name])
         assert_clean(lab, run, name)
     assert all(p.alive() for p in lab["pve2"].daemons.values())
 
 
-def test_unreachable_host_does_not_stop_the_others(fresh: Lab) -> None:
+def test_mixed_run_one_green_one_unreadable_one_unreachable(fresh: Lab, tmp_path: Path) -> None:
+    """A clean node, a node whose driver cannot be read and a container unreachable over SSH: exactly
+    one green host in set_stats, a red job, and every host on record (summary, set_stats, JSON report,
+    node_exporter metrics where its node answers). Nothing of the red hosts is touched."""
     lab = fresh
-    ct101 = lab["ct101"]
-    before = lab.used_mib(ct101)
+    pve2, ct101 = lab["pve2"], lab["ct101"]
+    untouched = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS - {"pve1"}}
+    pve2.gpu_sim.set_fault(init_error="DRIVER_NOT_LOADED")
     lab.stop_sshd(ct101)
-    run = lab.playbook()
-    assert run.rc == 4, run.output  # some hosts unreachable
-    s = stats(run)
-    assert s["ct101"]["unreachable"] == 1, s
+    reports, metrics = tmp_path / "reports", tmp_path / "metrics"
+    metrics.mkdir()
+    run = lab.playbook(limit="pve1,pve2,ct101", extra_vars={"clean_slate_report_dir": str(reports), "clean_slate_metrics_dir": str(metrics)})
+    assert run.rc == 2, run.output  # some hosts failed: the job is red
+    artifacts = run.stats["custom"]["_run"]["clean_slate"]
+    assert set(artifacts) == {"pve1", "pve2", "ct101"}
+    assert [name for name, entry in artifacts.items() if entry["clean"]] == ["pve1"]
+    assert_clean(lab, run, "pve1")
+    expected = {
+        "pve2": ("preflight", "driver_not_loaded", "the NVIDIA kernel driver is not loaded"),
+        "ct101": ("preflight", "unreachable", "ct101 is unreachable ("),
+    }
+    for name, (phase, reason, says) in expected.items():
+        entry = artifacts[name]
+        assert (entry["clean"], entry["phase"], entry["reason"]) == (False, phase, reason), entry
+        assert says in entry["msg"] and f"FAILED in {phase} ({reason})" in entry["summary"], entry
+        assert stats(run)[name]["failures"] == 1, stats(run)[name]
+        report = json.loads((reports / f"{name}.json").read_text())
+        assert report["reason"] == reason and report["summary"] == entry["summary"]
+        assert result_of(run, name)["summary"] == entry["summary"]
+        failed = [line for line in run.stdout.splitlines() if line.startswith(f"fatal: [{name}]: FAILED!")]
+        assert len(failed) == 1, failed  # each error printed once
+    assert json.loads((reports / "pve1.json").read_text())["clean"] is True
     assert run.task("Take the before picture", host="ct101")["status"] == "unreachable"
-    for name in GPU_HOSTS - {"ct101"}:
-        assert s[name]["failures"] == 0 and s[name]["unreachable"] == 0, (name, s[name])
-        assert_clean(lab, run, name)
-    # Nobody reached ct101, and its GPUs are not pve1's to clean: its job still runs.
-    assert_untouched(lab, "ct101", before)
+    assert "End the GPU processes" not in {r["task"].split(" : ")[-1] for r in run.results if r["host"] != "pve1" and r["status"] != "skipped"}
+    for name, before in untouched.items():
+        assert_untouched(lab, name, before)
+    # Metrics written over SSH by the Python 3.9 targets; none for the host nobody reached.
+    assert sorted(p.name for p in metrics.iterdir()) == ["clean_slate_pve1.prom", "clean_slate_pve2.prom"]
+    text = (metrics / "clean_slate_pve1.prom").read_text()
+    assert 'clean_slate_last_run_success{host="pve1"} 1' in text and 'clean_slate_last_run_processes_ended{host="pve1"} ' in text
+    assert 'clean_slate_last_run_success{host="pve2"} 0' in (metrics / "clean_slate_pve2.prom").read_text()
 
 
 def test_orphaned_gpu_memory_fails_that_host_with_the_diagnosis(fresh: Lab) -> None:
@@ -270,6 +297,7 @@ def test_orphaned_gpu_memory_fails_that_host_with_the_diagnosis(fresh: Lab) -> N
     res = result_of(run, "pve2")
     assert "GPU 1" in res["failure"] and "orphaned_context" in res["failure"], res["failure"]
     assert "8000 MiB used with no process holding it" in res["failure"]
+    assert (res["phase"], res["reason"]) == ("verify", "orphaned_context")
     gpus = {g["index"]: g for g in res["gpus"]}
     assert gpus[1]["diagnosis"] == "orphaned_context" and not gpus[1]["clean"]
     assert all(gpus[i]["clean"] for i in (0, 2, 3))
@@ -284,7 +312,7 @@ def test_orphaned_gpu_memory_fails_that_host_with_the_diagnosis(fresh: Lab) -> N
 @pytest.mark.parametrize(
     ("bad", "task", "says"),
     [
-        ({"clean_slate_verify_timeout": -1}, "Check the numeric role variables", "clean_slate_verify_timeout (-1)"),
+        ({"clean_slate_verify_timeout": -1}, "Check the role variables", "clean_slate_verify_timeout must be >= 0, got -1."),
         ({"clean_slate_mode": "sideways"}, "Validating arguments against arg spec", "clean_slate_mode"),
     ],
     ids=["negative-timeout", "unknown-mode"],

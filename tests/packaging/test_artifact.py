@@ -24,6 +24,8 @@ def test_artifact_holds_the_collection_and_no_test_or_lab_files(artifact: Path) 
         "plugins/modules/gpu_mem_verify.py",
         "plugins/modules/pct_exec.py",
         "plugins/inventory/proxmox.py",
+        "plugins/filter/play_hosts.py",
+        "plugins/filter/play_hosts.yml",
         "plugins/module_utils/_nvml.py",
         "plugins/plugin_utils/_proxmox.py",
         "plugins/plugin_utils/_proxmox_config.py",
@@ -52,6 +54,10 @@ def test_ansible_doc_renders_from_the_installed_artifact(installed: Path, tmp_pa
         (["ansible-doc", "gpuops.clean_slate.pct_exec"], "executes a command inside one of that node's LXC containers"),
         (["ansible-doc", "-t", "inventory", "gpuops.clean_slate.proxmox"], "finds the guests that use a GPU"),
         (["ansible-doc", "-t", "role", "gpuops.clean_slate.clean_slate"], "Give GPU nodes and LXC guests a verified clean slate"),
+        (
+            ["ansible-doc", "-t", "filter", "gpuops.clean_slate.play_hosts"],
+            "Returns the host pattern unchanged when, after `--limit', it matches at least one inventory host",
+        ),
     ):
         out = ansible([str(VENV / "bin" / args[0]), *args[1:]], env, tmp_path)
         assert out.returncode == 0, out.stderr

@@ -1,0 +1,500 @@
+"""Never falsely green: the clean_slate playbook and role on simulated nodes, through real
+ansible-playbook, when something goes wrong.
+
+* target resolution: a host pattern that, after --limit, matches nothing (no such group, a limit
+  outside it, an inventory source that failed to parse) stops the run with a message, rc != 0;
+  the group spelled gpu-nodes works;
+* one failure path: every phase's failure (and an unreachable host) gets its summary line, its
+  set_stats entry (clean false, phase, reason, msg), its JSON report and its metrics, and its error
+  is printed once;
+* tags: no tag combination kills on GPUs that were not read; a kill without verification is red
+  and says so; include_role with tags;
+* role arguments as survey strings; the node_exporter metrics, read with prometheus_client.
+
+Every scenario checks its victims: what must survive is alive afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from gpusim import Node
+from prometheus_client.parser import text_string_to_metric_families
+from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, local_inventory, local_play, run_playbook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest_proxmox import CLUSTER_SOURCE
+from pvesim import PveSim, load_cluster
+
+PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
+ROLE = "gpuops.clean_slate.clean_slate"
+
+
+# ---------------------------------------------------------------------- helpers
+def closed_port() -> int:
+    """A loopback TCP port nobody listens on (SSH to it is refused at once: an unreachable host)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_vars(node: Node | None, **extra: Any) -> dict[str, Any]:
+    """Host vars of a host on ``node`` (None: a host whose driver cannot be read at all)."""
+    hv: dict[str, Any] = {"clean_slate_grace_period": 1, "clean_slate_verify_timeout": 3}
+    if node is not None:
+        hv.update(clean_slate_device_dir=str(node.dev_dir), gpusim_state=str(node.state_dir))
+    return {**hv, **extra}
+
+
+def play(hosts: str = "gpu_nodes", **keywords: Any) -> list[dict[str, Any]]:
+    """The role on several simulated nodes: each host reads its own driver (GPUSIM_STATE per host)."""
+    return [
+        {
+            "name": "Clean slate",
+            "hosts": hosts,
+            "gather_facts": False,
+            # A host without a driver state reads "driver not loaded", as on a node whose nvidia.ko is not loaded.
+            "environment": {"GPUSIM_STATE": "{{ gpusim_state | default('/nonexistent') }}"},
+            **keywords,
+            "roles": [{"role": ROLE}],
+        }
+    ]
+
+
+def artifacts(run: AnsibleRun) -> dict[str, dict[str, Any]]:
+    return run.stats["custom"]["_run"]["clean_slate"]
+
+
+def summary(run: AnsibleRun, host: str) -> str:
+    return run.task("Show the summary", host=host)["result"]["msg"]
+
+
+def fatal_lines(run: AnsibleRun, host: str) -> list[str]:
+    """The failures printed for ``host`` (a loop prints one per failed item)."""
+    return [line for line in run.stdout.splitlines() if line.startswith((f"fatal: [{host}]: FAILED!", f"failed: [{host}] "))]
+
+
+def gpuops_tasks(run: AnsibleRun, host: str | None = None) -> list[str]:
+    """The collection's module tasks that ran (not skipped) for ``host``."""
+    return [r["task"].split(" : ")[-1] for r in run.results if r["action"].startswith("gpuops.") and r["status"] != "skipped" and host in (None, r["host"])]
+
+
+def assert_red(run: AnsibleRun, host: str, phase: str, reason: str, says: str, report_dir: Path | None = None) -> dict[str, Any]:
+    """The host's failure is on record: summary line, set_stats entry, JSON report, one fatal error."""
+    entry = artifacts(run)[host]
+    assert entry["clean"] is False and entry["phase"] == phase and entry["reason"] == reason, (host, entry)
+    assert says in entry["msg"], (host, entry["msg"])
+    assert entry["failure"] == entry["msg"]
+    line = summary(run, host)
+    assert line == entry["summary"] and f" - FAILED in {phase} ({reason}): " in line, line
+    assert run.stats["stats"][host]["failures"] == 1, run.stats["stats"][host]
+    assert len(fatal_lines(run, host)) == 1, (host, fatal_lines(run, host))
+    if report_dir is not None:
+        report = json.loads((report_dir / f"{host}.json").read_text())
+        assert report["clean"] is False and report["phase"] == phase and report["reason"] == reason and report["msg"] == entry["msg"]
+    return entry
+
+
+# ---------------------------------------------------------------------- fixtures
+@pytest.fixture
+def node():
+    with Node(gpus=2, seed="node-a") as n:
+        sb = n.sandbox()
+        try:
+            yield n, sb
+        finally:
+            sb.stop()
+
+
+@pytest.fixture
+def three_nodes():
+    with Node(gpus=2, seed="n1") as n1, Node(gpus=3, seed="n2") as n2, Node(gpus=3, seed="n3") as n3:
+        sb = n1.sandbox()
+        try:
+            yield n1, n2, n3, sb
+        finally:
+            sb.stop()
+
+
+# ---------------------------------------------------------------------- target resolution
+def write(path: Path, doc: Any) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("groups", "limit", "wrapper", "says"),
+    [
+        (
+            {"gpus": ["host-a"]},
+            None,
+            False,
+            "the host pattern 'gpu_nodes' matches no host of the inventory. Groups with hosts: gpus. Put the GPU hosts in a group gpu_nodes",
+        ),
+        (
+            {"gpu_nodes": ["host-a"], "other": ["host-b"]},
+            "host-b",
+            False,
+            "--limit 'host-b' leaves none of the 1 host(s) of 'gpu_nodes' (host-a). Groups with hosts: gpu_nodes, other.",
+        ),
+        ({"storage": ["host-a"]}, None, True, "the host pattern 'gpu_nodes' matches no host of the inventory. Groups with hosts: storage."),
+    ],
+    ids=["no-such-group", "limit-outside-the-group", "import_playbook"],
+)
+def test_a_pattern_that_matches_no_host_stops_the_run(node, tmp_path: Path, groups: dict, limit: str | None, wrapper: bool, says: str) -> None:
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    inv = {
+        g: {"hosts": {h: {"ansible_connection": "local", "ansible_python_interpreter": VENV_PYTHON, **node_vars(n)} for h in hs}} for g, hs in groups.items()
+    }
+    playbook = PLAYBOOK
+    if wrapper:  # as an AWX project's wrapper imports it
+        playbook = write(tmp_path / "clean_slate.yml", [{"name": "Clean slate", "ansible.builtin.import_playbook": "gpuops.clean_slate.clean_slate"}])
+    run = run_playbook(playbook, inventory=write(tmp_path / "hosts.yml", inv), env=n.env(), limit=limit, wrapper=sb.nsenter_prefix())
+    assert run.rc != 0, run.output
+    text = " ".join(run.stderr.split())
+    assert "Error processing keyword 'hosts'" in text and says in text and "Nothing was done." in text, run.output
+    assert not run.results and worker.alive()
+
+
+def test_the_group_spelled_gpu_nodes_with_a_dash_is_cleaned(node, tmp_path: Path) -> None:
+    """A static inventory's `gpu-nodes` (the design card's spelling) works, with and without -l gpu-nodes."""
+    n, sb = node
+    workers = [sb.spawn_worker(gpus=[i], mib=8000, title=f"sglang::scheduler_TP{i}") for i in range(2)]
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)}, group="gpu-nodes")
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), limit="gpu-nodes", wrapper=sb.nsenter_prefix())
+    assert run.rc == 0, run.output
+    assert artifacts(run)["host-a"]["clean"] is True and artifacts(run)["host-a"]["ended"] == 2
+    assert not any(w.alive() for w in workers)
+
+
+def test_gpu_nodes_spelled_with_a_dash_fails_against_a_gpu_nodes_group(node, tmp_path: Path) -> None:
+    """The Proxmox inventory's group is gpu_nodes: -l gpu-nodes matches nothing, and Ansible stops (rc 1)."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)})
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), limit="gpu-nodes", wrapper=sb.nsenter_prefix())
+    assert run.rc == 1, run.output
+    text = " ".join(run.stderr.split())
+    assert "Could not match supplied host pattern, ignoring: gpu-nodes" in text
+    assert "Specified inventory, host pattern and/or --limit leaves us with no hosts to target." in text
+    assert not run.results and worker.alive()
+
+
+@pytest.mark.parametrize("limit", [None, "gpu_nodes"], ids=["no-limit", "limit-gpu_nodes"])
+def test_an_inventory_that_failed_to_parse_stops_the_run(node, limit: str | None) -> None:
+    """The Proxmox inventory with an expired token: 'No inventory was parsed' is red, not rc 0."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    with PveSim(load_cluster("gpu3")) as sim:
+        env = {**n.env(), **sim.env(), "PROXMOX_TOKEN_SECRET": "expired-0000"}
+        run = run_playbook(PLAYBOOK, inventory=CLUSTER_SOURCE, env=env, limit=limit, wrapper=sb.nsenter_prefix())
+    assert run.rc != 0, run.output
+    text = " ".join(run.stderr.split())
+    assert "401 invalid token value!" in text
+    assert "gpuops.clean_slate: nothing to clean: the inventory has no hosts. An inventory source failed to parse" in text, run.output
+    assert "expired-0000" not in run.stdout + run.stderr
+    assert not run.results and worker.alive()
+
+
+def test_the_examples_ansible_cfg_turns_inventory_and_limit_mistakes_into_errors(node, tmp_path: Path) -> None:
+    """docs/examples/*/ansible.cfg: an inventory source that fails and a limit that matches nothing stop
+    Ansible itself; a good run is not disturbed by it."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)})
+    static = {**n.env(), "ANSIBLE_CONFIG": str(ROOT / "docs" / "examples" / "static" / "ansible.cfg")}
+    run = run_playbook(PLAYBOOK, inventory=inv, env=static, limit="gpu-nodes", wrapper=sb.nsenter_prefix())
+    assert run.rc == 1 and "[ERROR]: Could not match supplied host pattern, ignoring: gpu-nodes" in run.stderr, run.output
+    assert worker.alive()
+    with PveSim(load_cluster("gpu3")) as sim:
+        env = {**n.env(), **sim.env(), "PROXMOX_TOKEN_SECRET": "expired-0000", "ANSIBLE_CONFIG": str(ROOT / "docs" / "examples" / "proxmox" / "ansible.cfg")}
+        run = run_playbook(PLAYBOOK, inventory=CLUSTER_SOURCE, env=env, wrapper=sb.nsenter_prefix())
+    assert run.rc != 0 and "Completely failed to parse inventory source" in " ".join(run.stderr.split()), run.output
+    assert worker.alive() and not run.results
+    run = run_playbook(PLAYBOOK, inventory=inv, env=static, wrapper=sb.nsenter_prefix())
+    assert run.rc == 0, run.output
+    assert artifacts(run)["host-a"]["clean"] is True and not worker.alive()
+
+
+# ---------------------------------------------------------------------- one failure path
+def test_mixed_run_one_green_one_unreadable_one_unreachable(three_nodes, tmp_path: Path) -> None:
+    """The acceptance scenario on simulated nodes (the lab repeats it over SSH): exactly one green host
+    in set_stats, a red run, every host on record (summary, set_stats, JSON report, metrics)."""
+    n1, n2, _n3, sb = three_nodes
+    ended = [n1.spawn_worker(gpus=[i], mib=8000, sandbox=sb) for i in range(2)]
+    # It holds the unreadable host's device files: a kill that went on without the driver would end it.
+    bystander = n2.spawn_worker(gpus=[0], mib=8000, sandbox=sb)
+    reports, metrics = tmp_path / "reports", tmp_path / "metrics"
+    metrics.mkdir()
+    hosts = {
+        "clean": node_vars(n1),
+        "unreadable": node_vars(None, clean_slate_device_dir=str(n2.dev_dir)),
+        "gone": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": closed_port(), "ansible_user": "root"},
+    }
+    inv = local_inventory(tmp_path / "hosts.yml", hosts)
+    run = run_playbook(
+        play(),
+        inventory=inv,
+        env=n1.env(),
+        extra_vars={"clean_slate_report_dir": str(reports), "clean_slate_metrics_dir": str(metrics)},
+        wrapper=sb.nsenter_prefix(),
+    )
+    assert run.rc == 2, run.output
+    green = {h for h, e in artifacts(run).items() if e["clean"]}
+    assert green == {"clean"} and set(artifacts(run)) == set(hosts)
+    assert artifacts(run)["clean"]["phase"] == "done" and artifacts(run)["clean"]["reason"] == ""
+    assert not any(w.alive() for w in ended) and bystander.alive()
+
+    entry = assert_red(run, "unreadable", "preflight", "driver_not_loaded", "the NVIDIA kernel driver is not loaded", reports)
+    assert summary(run, "unreadable").startswith("unreadable: GPUs not read, no process ended - FAILED in preflight (driver_not_loaded)")
+    assert entry["gpu_count"] == 0 and "End the GPU processes" not in gpuops_tasks(run, "unreadable")
+
+    entry = assert_red(run, "gone", "preflight", "unreachable", "gone is unreachable (", reports)
+    assert "Connection refused" in entry["msg"] and "make it reachable" in entry["msg"]
+    # Ansible's own UNREACHABLE line (kept in the play by ignore_unreachable) and the role's one failure.
+    assert len([line for line in run.stdout.splitlines() if line.startswith("fatal: [gone]: UNREACHABLE!")]) == 1
+
+    # node_exporter textfile metrics, per host, parsed as Prometheus parses them.
+    assert sorted(p.name for p in metrics.iterdir()) == ["clean_slate_clean.prom", "clean_slate_unreadable.prom"]  # nothing to write on 'gone'
+    fams = {f.name: f for f in text_string_to_metric_families((metrics / "clean_slate_clean.prom").read_text())}
+    assert fams["clean_slate_last_run_success"].samples[0].value == 1
+    assert fams["clean_slate_last_run_success"].samples[0].labels == {"host": "clean"}
+    assert fams["clean_slate_last_run_processes_ended"].samples[0].value == 2
+    assert fams["clean_slate_last_run_duration_seconds"].samples[0].value > 0
+    used = {s.labels["gpu"]: s for s in fams["clean_slate_gpu_used_mib"].samples}
+    assert set(used) == {"0", "1"} and all(s.value == 0 for s in used.values())
+    assert {s.labels["UUID"] for s in used.values()} == {g.uuid for g in n1.gpus}
+    assert used["1"].labels["device"] == "nvidia1" and used["1"].labels["modelName"] == n1.gpus[1].name
+    assert (metrics / "clean_slate_clean.prom").stat().st_mode & 0o777 == 0o644
+    red = {f.name: f for f in text_string_to_metric_families((metrics / "clean_slate_unreadable.prom").read_text())}
+    assert red["clean_slate_last_run_success"].samples[0].value == 0
+    assert red["clean_slate_last_run_info"].samples[0].labels == {"host": "unreadable", "phase": "preflight", "reason": "driver_not_loaded"}
+    assert "clean_slate_gpu_used_mib" not in red or red["clean_slate_gpu_used_mib"].samples == []
+
+
+def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
+    """One run, one host failing in each phase; the hosts that fail before the kill share node 1, whose
+    worker must survive them all."""
+    n1, n2, n3, sb = three_nodes
+    # No name the default patterns know: the hosts of nodes 2 and 3 must not end it either.
+    survivor = n1.spawn_worker(gpus=[0], mib=8000, sandbox=sb)
+    n2.set_fault(orphan={1: 4096})
+    reports = tmp_path / "reports"
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the report directory should be\n")
+    bare = tmp_path / "bare-python"
+    subprocess.run([VENV_PYTHON, "-m", "venv", "--without-pip", str(bare)], check=True)
+    hosts = {
+        "deps": node_vars(n1, ansible_python_interpreter=str(bare / "bin" / "python")),
+        "pre-stop": node_vars(n1, clean_slate_pre_stop_commands=["/bin/false"]),
+        "kill": node_vars(n1, clean_slate_where="targets[?"),
+        "verify": node_vars(n2, clean_slate_verify_timeout=0.5),
+        "report": node_vars(n3, clean_slate_report_dir=str(blocked)),
+        "metrics": node_vars(n3, clean_slate_metrics_dir=str(tmp_path / "no-such-dir")),
+    }
+    for hv in hosts.values():
+        hv.setdefault("clean_slate_report_dir", str(reports))
+    inv = local_inventory(tmp_path / "hosts.yml", hosts)
+    run = run_playbook(play(), inventory=inv, env=n1.env(), wrapper=sb.nsenter_prefix())
+    assert run.rc == 2, run.output
+    assert survivor.alive(), "a host that failed before its kill ended a process"
+    assert not any(e["clean"] for e in artifacts(run).values()) and set(artifacts(run)) == set(hosts), run.output
+
+    assert_red(run, "deps", "dependencies", "missing_dependencies", "lacks nvidia-ml-py, psutil, jmespath", reports)
+    assert_red(run, "pre-stop", "pre_stop", "command_failed", 'a pre-stop command failed on pre-stop ("/bin/false"): exit status 1. Fix it or remove', reports)
+    assert "End the GPU processes" not in gpuops_tasks(run, "pre-stop")
+    assert_red(run, "kill", "kill", "bad_arguments", "clean_slate_where: 'targets[?' is not a valid JMESPath expression", reports)
+    entry = assert_red(run, "verify", "verify", "orphaned_context", "GPU 1", reports)
+    assert summary(run, "verify").startswith("verify: 2/3 GPUs clean in ")
+    assert entry["after"] == [0, 4096, 0]
+    # The report host was cleaned and verified, but its report could not be written: red, and the
+    # published entry says why.
+    entry = assert_red(run, "report", "report", "report_not_written", f"could not write the JSON report {blocked}/report.json on the controller: ")
+    assert entry["clean_count"] == entry["gpu_count"] == 3
+    assert_red(
+        run, "metrics", "report", "metrics_not_written", f"the directory {tmp_path / 'no-such-dir'} does not exist. Set clean_slate_metrics_dir", reports
+    )
+    # Records are written whole: nothing half-written is left beside them.
+    assert sorted(p.name for p in reports.iterdir()) == sorted(f"{h}.json" for h in hosts if h != "report")
+
+
+# ---------------------------------------------------------------------- role arguments
+def test_list_variables_as_survey_strings(three_nodes, tmp_path: Path) -> None:
+    """`-e clean_slate_gpus=...` and survey answers are strings: "0,1" and "[0, 1]" both mean GPUs 0 and 1."""
+    n1, n2, n3, sb = three_nodes
+    on_0_1 = [n.spawn_worker(gpus=[i], mib=8000, sandbox=sb) for n in (n2, n3) for i in range(2)]
+    on_2 = [n.spawn_worker(gpus=[2], mib=8000, sandbox=sb) for n in (n2, n3)]
+    hosts = {
+        "comma": node_vars(n3, clean_slate_gpus="0,1"),
+        "yaml": node_vars(n2, clean_slate_gpus="[0, 1]"),
+        "numbers": node_vars(n1, clean_slate_grace_period="-1", clean_slate_verify_interval="0", clean_slate_kill_timeout="5"),
+        "typo": node_vars(n1, clean_slate_gpus="0,one"),
+    }
+    run = run_playbook(play(), inventory=local_inventory(tmp_path / "hosts.yml", hosts), env=n1.env(), wrapper=sb.nsenter_prefix())
+    assert run.rc == 2, run.output
+    assert not any(w.alive() for w in on_0_1) and all(w.alive() for w in on_2)
+    assert set(artifacts(run)) == set(hosts), run.output
+    for host in ("comma", "yaml"):
+        assert artifacts(run)[host]["clean"] is True and artifacts(run)[host]["gpu_count"] == 2, artifacts(run)[host]
+    entry = assert_red(
+        run, "numbers", "arguments", "bad_variable", "clean_slate_grace_period must be >= 0, got -1. clean_slate_verify_interval must be > 0, got 0."
+    )
+    assert "kill_timeout" not in entry["msg"] and "verify_timeout" not in entry["msg"]
+    entry = assert_red(run, "typo", "arguments", "bad_variable", 'clean_slate_gpus: "one" is not a GPU index, a GPU UUID nor a device path')
+    assert not gpuops_tasks(run, "numbers") and not gpuops_tasks(run, "typo")
+
+
+def test_an_unknown_gpu_from_extra_vars_names_the_variable(node, tmp_path: Path) -> None:
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)})
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), args=["-e", "clean_slate_gpus=[99]"], wrapper=sb.nsenter_prefix())
+    assert run.rc == 2, run.output
+    assert_red(run, "host-a", "preflight", "bad_arguments", "clean_slate_gpus: GPU index 99 does not exist; this host has 2 GPU(s) (indices 0-1).")
+    assert worker.alive()
+
+
+# ---------------------------------------------------------------------- tags
+def test_tags_kill_never_runs_on_gpus_that_were_not_read(node, tmp_path: Path) -> None:
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)})
+    # The driver cannot be read: --tags clean_slate_kill still takes the preflight reading, which stops the host.
+    n.set_fault(init_error="DRIVER_NOT_LOADED")
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_kill", wrapper=sb.nsenter_prefix())
+    assert run.rc == 2, run.output
+    assert_red(run, "host-a", "preflight", "driver_not_loaded", "the NVIDIA kernel driver is not loaded")
+    assert worker.alive() and gpuops_tasks(run) == ["Take the before picture"]
+    # Skipping the reading does not get round it.
+    n.clear_faults()
+    run = run_playbook(
+        PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_kill", args=["--skip-tags", "clean_slate_preflight"], wrapper=sb.nsenter_prefix()
+    )
+    assert run.rc == 2, run.output
+    assert_red(run, "host-a", "kill", "gpus_not_read", "the kill was refused because the GPUs were not read first")
+    assert worker.alive() and gpuops_tasks(run) == []
+    # Opting in to name-only matching ends it, and the run stays red: nothing verified the GPUs.
+    n.set_fault(init_error="DRIVER_NOT_LOADED")
+    run = run_playbook(
+        PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_kill", extra_vars={"clean_slate_allow_name_only": True}, wrapper=sb.nsenter_prefix()
+    )
+    assert run.rc == 2, run.output
+    assert not worker.alive()
+    assert_red(run, "host-a", "verify", "not_verified", "1 process(es) were ended, but the GPUs were not verified")
+    assert summary(run, "host-a").startswith("host-a: GPUs not verified in ")
+
+
+def test_tags_each_phase_alone(node, tmp_path: Path) -> None:
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)})
+    # The reading alone: red while a GPU is busy, and nothing is ended.
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_preflight", wrapper=sb.nsenter_prefix())
+    assert run.rc == 2, run.output
+    assert_red(run, "host-a", "preflight", "busy", "Only the GPUs were read")
+    assert worker.alive() and gpuops_tasks(run) == ["Take the before picture"]
+    # The kill alone ends it and says that nothing verified it.
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_kill", wrapper=sb.nsenter_prefix())
+    assert run.rc == 2, run.output
+    assert not worker.alive()
+    assert gpuops_tasks(run) == ["Take the before picture", "End the GPU processes"]
+    assert_red(run, "host-a", "verify", "not_verified", "the clean_slate_verify phase did not run")
+    # The verification alone proves the node clean: green.
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_verify", wrapper=sb.nsenter_prefix())
+    assert run.rc == 0, run.output
+    assert gpuops_tasks(run) == ["Wait until every GPU is clean"]
+    assert artifacts(run)["host-a"]["clean"] is True and summary(run, "host-a").startswith("host-a: 2/2 GPUs clean in ")
+
+
+def test_include_role_with_tags(node, tmp_path: Path) -> None:
+    """The README's include_role: tagged with the phases and the deploy's own tag, applying that tag inside,
+    so that --tags clean_slate_verify runs only the verification and --tags deploy runs every phase."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[1], mib=8000, title="VLLM::Worker_TP1")
+    deploy = [
+        {
+            "name": "Deploy inference servers",
+            "hosts": "gpu_nodes",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Give the GPUs a clean slate",
+                    "ansible.builtin.include_role": {"name": ROLE, "apply": {"tags": ["deploy"]}},
+                    "tags": ["deploy", "clean_slate", "clean_slate_preflight", "clean_slate_kill", "clean_slate_verify"],
+                },
+                {"name": "Start the server", "ansible.builtin.assert": {"that": ["clean_slate_result.clean"]}, "tags": ["deploy"]},
+            ],
+        }
+    ]
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n, clean_slate_verify_timeout=0)})
+    run = run_playbook(deploy, inventory=inv, env=n.env(), tags="clean_slate_verify", wrapper=sb.nsenter_prefix())
+    assert run.rc == 2, run.output
+    assert gpuops_tasks(run) == ["Wait until every GPU is clean"] and worker.alive()
+    assert_red(run, "host-a", "verify", "busy", "GPU 1")
+    run = run_playbook(deploy, inventory=inv, env=n.env(), tags="deploy", args=["-e", "clean_slate_verify_timeout=5"], wrapper=sb.nsenter_prefix())
+    assert run.rc == 0, run.output
+    assert gpuops_tasks(run) == [
+        "Take the before picture",
+        "End the GPU processes",
+        "Remove orphaned job residue and check the ports",
+        "Wait until every GPU is clean",
+    ]
+    assert not worker.alive() and run.task("Start the server")["status"] == "ok"
+
+
+# ---------------------------------------------------------------------- records
+def test_relative_report_dir_is_taken_from_where_ansible_playbook_runs(node, tmp_path: Path) -> None:
+    n, sb = node
+    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)})
+    workdir = tmp_path / "ops"
+    workdir.mkdir()
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), extra_vars={"clean_slate_report_dir": "reports"}, wrapper=sb.nsenter_prefix(wd=str(workdir)))
+    assert run.rc == 0, run.output
+    report = json.loads((workdir / "reports" / "host-a.json").read_text())
+    assert report["clean"] is True and report["phase"] == "done"
+    assert not (ROOT / "playbooks" / "reports").exists()
+    assert stat.S_IMODE(os.stat(workdir / "reports" / "host-a.json").st_mode) == 0o644
+
+
+# ---------------------------------------------------------------------- the README does what it says
+def test_the_readme_module_example_ends_renamed_workers_in_any_case(tmp_path: Path) -> None:
+    """README.md, "The modules on their own", run as written: VLLM::Worker_TP1 is ended with the others."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### The modules on their own") :]
+    tasks = yaml.safe_load(section[section.index("```yaml") + len("```yaml") : section.index("```", section.index("```yaml") + 7)])
+    assert [next(iter(k for k in t if k != "name")) for t in tasks] == ["gpuops.clean_slate.gpu_procs_kill", "gpuops.clean_slate.gpu_mem_verify"]
+    with Node(gpus=8, seed="readme") as n:
+        sb = n.sandbox()
+        try:
+            # Renamed processes that hold no GPU: only the name patterns can find them.
+            names = ["VLLM::Worker_TP1", "sglang::scheduler_TP0", "other-job"]
+            for name in names:
+                sb.spawn_detached(["bash", "-c", f'exec -a "{name}" sleep 300'])
+            procs: dict[str, psutil.Process] = {}
+            for _attempt in range(500):
+                procs = {p.info["cmdline"][0]: p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.info["cmdline"][0] in names}
+                if len(procs) == len(names):
+                    break
+                psutil.wait_procs([], timeout=0.01)
+            assert set(procs) == set(names)
+            run = run_playbook(local_play(tasks), inventory="localhost,", env=n.env(), wrapper=sb.nsenter_prefix())
+            assert run.rc == 0, run.output
+            ended = {t["cmdline"].split()[0] for t in run.task(tasks[0]["name"])["result"]["targets"]}
+            assert ended == {"VLLM::Worker_TP1", "sglang::scheduler_TP0"}
+            assert not procs["VLLM::Worker_TP1"].is_running() and not procs["sglang::scheduler_TP0"].is_running()
+            assert procs["other-job"].is_running()
+            assert run.task(tasks[1]["name"])["result"]["clean_count"] == 8
+        finally:
+            sb.stop()
