@@ -68,6 +68,6 @@ def test_bad_regex_names_the_option_and_the_pattern() -> None:
 
 def test_users_resolve_names_and_uids() -> None:
     assert _procs.resolve_users([]) is None
-    assert _procs.resolve_users(["root", "1234"]) == {0, 1234}
+    assert _procs.resolve_users(["root", "65534"]) == {0, 65534}
     with pytest.raises(CleanSlateError, match="users: no user named 'no-such-user-x'"):
         _procs.resolve_users(["no-such-user-x"])
