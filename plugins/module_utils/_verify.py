@@ -274,6 +274,7 @@ class Outcome:
     time_to_clean_s: float | None
     polls: int
     notes: list[str]
+    unreadable: int = 0  # processes whose file descriptors could not be read while naming holders
 
     @property
     def clean_count(self) -> int:
@@ -315,13 +316,15 @@ def poll_until_clean(
             " (the smallest unexplained use among GPUs of the same model)."
         )
     holders: dict[int, _proctable.Holding] = {}
+    unreadable = 0
     own = {os.getpid()}
     nvml_minors: dict[int, set[int]] = {}
     if not all(clean for clean, _terminal in judged):
         # Only a dirty node pays for the /proc scan that names the real holders.
-        holders, unreadable = _proctable.scan_device_holders(device_dir)
+        holders, unreadable_pids = _proctable.scan_device_holders(device_dir)
+        unreadable = len(unreadable_pids)
         if unreadable:
-            notes.append(f"{len(unreadable)} process(es) could not be inspected (permission); run with become: true for a complete diagnosis.")
+            notes.append(f"{unreadable} process(es) could not be inspected (permission); run with become: true for a complete diagnosis.")
         for gpu in every_gpu or gpus:
             if gpu.error is None and gpu.minor is not None:
                 try:
@@ -335,7 +338,7 @@ def poll_until_clean(
         reports.append(gpu_report(reading, diagnosis, detail, clean))
     # Measured after the /proc scan and the diagnoses: they are part of what the verification cost.
     elapsed = clock() - start
-    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes)
+    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable)
 
 
 def failure_message(outcome: Outcome, expected_total: int) -> str:

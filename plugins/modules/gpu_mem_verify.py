@@ -87,7 +87,7 @@ notes:
   - Inside an LXC container the driver lists only the container's own processes while memory counts everything;
     memory held from outside is diagnosed as V(held_outside_namespace).
   - A GPU held only by daemons that M(gpuops.clean_slate.gpu_procs_kill) protects (recognised by their executable, as
-    that module does) is diagnosed as V(held_by_protected): no kill will free it.
+    that module does) is diagnosed as V(held_by_protected), since no kill will free it.
   - Numbers that are not finite (V(nan), V(inf)) or out of range and a O(device_dir) that does not exist are refused
     with RV(reason=bad_arguments), naming the option, before the GPUs are read.
 seealso:
@@ -312,6 +312,11 @@ def run(module: AnsibleModule) -> dict:
             session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=all_gpus
         )
         driver = session.driver_version()
+    if outcome.unreadable:
+        module.warn(
+            f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
+            " lists it; run with become: true."
+        )
     healthy = sum(1 for g in all_gpus if g.error is None or g.error.reason != "gpu_lost")
     result = {
         "changed": False,

@@ -30,7 +30,7 @@ description:
     (C(/proc/<pid>/exe)), not by the name it gives itself. Processes that hold device files without mapping them
     (management clients) are reported, not ended, unless O(kill_management_clients).
   - A protected process that holds GPU memory is listed in RV(protected) with the GPUs and memory it holds, and the
-    module warns: that GPU cannot come clean while it runs.
+    module warns, since that GPU cannot come clean while it runs.
   - Sends O(signal) (SIGTERM) to each target, SIGCONT to stopped ones, waits up to O(grace_period), sends SIGKILL to
     survivors and waits up to O(kill_timeout). It returns as soon as the last target has exited.
   - Then it looks again, and ends in a new round whatever appeared meanwhile (workers a launcher forked during the

@@ -17,9 +17,9 @@ description:
   - The command line is built as a list and never parsed by a shell on the node; pct's own options come before C(--),
     the command after it, so arguments with spaces, quotes, command substitutions, leading dashes or any Unicode reach the container
     unchanged. O(command) is the one place a shell runs, C(/bin/sh -c) inside the container.
-  - Nothing is expanded on the node either, unlike M(ansible.builtin.command): C($VAR), C(${VAR}) and C(~) in O(argv),
-    O(command), O(env) values, O(chdir), O(creates) and O(removes) reach the container as written (where O(command)'s
-    shell may expand them with the container's own environment), so the node's environment never leaks into the
+  - Nothing is expanded on the node either, unlike M(ansible.builtin.command). C($VAR), C(${VAR}) and C(~) in O(argv),
+    O(command), O(env) values, O(chdir), O(creates) and O(removes) reach the container as written (where the shell of
+    O(command) may expand them with the container's own environment), so the node's environment never leaks into the
     container. RV(cmd) is exactly the command line that ran.
   - Checks the container with C(pct status) first and reports pct's own failures with a RV(reason) (V(no_such_container),
     V(not_running), V(bad_arguments), V(pct_failed)) recognised from pct's messages, instead of guessing from exit code

@@ -112,3 +112,42 @@ def test_every_signal_is_recorded_before_a_failure(monkeypatch) -> None:
     assert [(e.candidate.pid, e.victim.signals_sent) for e in kill.ended] == [(victim, ["TERM"])]
     assert kill.signalled() and kill.targets()[0]["signals_sent"] == ["TERM"]
     assert gone(victim, 5)
+
+
+def ended(pid: int, outcome: str | None, signals: list[str], round_: int = 1) -> _kill.Ended:
+    f = _procs.ProcFacts(pid=pid, comm="w", cmdline="w", exe="/w", uid=0, ppid=1, pgid=pid, starttime=1, state="S", kernel=False)
+    return _kill.Ended(_procs.Candidate(facts=f), _signals.Victim(pid=pid, identity=None, signals_sent=signals, outcome=outcome), round_)
+
+
+def test_the_result_counts_only_what_was_ended_and_warns_about_what_it_could_not_see() -> None:
+    kill = _kill.Kill(lambda: _procs.Plan())
+    kill.rounds = 2
+    kill.unreadable = 3
+    kill.protected = [
+        {"pid": 7, "name": "nv-hostengine", "why": "protected daemon (nv-hostengine)", "holds_gpu_memory": True, "gpus": [1], "used_mib": 500},
+        {"pid": 8, "name": "sshd", "why": "protected daemon (sshd)"},
+    ]
+    runs = [ended(10, "terminated", ["TERM"]), ended(11, "vanished", []), ended(12, "killed", ["TERM", "KILL"], 2)]
+    result, reason, warnings = _kill.outcome(kill, runs, False, 10, 1.5, [], ["NVML cannot be read (x)"], diff=True)
+    assert reason is None
+    assert result["summary"] == {"terminated": 1, "killed": 1, "vanished": 1, "unkillable": 0, "signals": {"TERM": 2, "KILL": 1}, "rounds": 2, "respawned": 1}
+    assert result["msg"] == (
+        "ended 2 process(es); 1 had exited before their signal; 1 of them appeared during the kill and were ended in 2 rounds;"
+        " 2 protected, 1 of them holding GPU memory (see the warnings)"
+    )
+    assert warnings[0] == "NVML cannot be read (x)"
+    assert warnings[1].startswith("3 process(es) could not be inspected for device files (permission)")
+    assert warnings[2].startswith("PID 7 (nv-hostengine) holds 500 MiB on GPU 1 and is not ended: protected daemon (nv-hostengine).")
+    assert result["diff"] == {"before": "10 w\n11 w\n12 w\n", "after": ""}
+
+
+def test_remaining_processes_fail_the_run() -> None:
+    kill = _kill.Kill(lambda: _procs.Plan())
+    kill.rounds, kill.deadline_passed = 3, True
+    kill.remaining = [ended(20, None, []).candidate]
+    result, reason, _warnings = _kill.outcome(kill, [ended(10, "killed", ["TERM", "KILL"])], False, 10, 41.0, [], [], diff=False)
+    assert reason == "holders_remain"
+    assert result["remaining"][0]["pid"] == 20
+    assert result["msg"].startswith(
+        "1 process(es) were still there after 41.0 s and 3 round(s) of ending (0 process(es) appeared during the kill): PID 20 (w)."
+    )
