@@ -6,12 +6,15 @@
 
 """Find the processes holding NVIDIA GPUs, and decide which may be ended.
 
-Discovery is a union, because each source alone misses real holders:
+Discovery combines three sources, because each alone misses real holders
+(it is not a plain union: an NVML entry must be corroborated, see below):
 
 * NVML's process lists (compute, graphics, MPS). NVML keeps listing a dead
   parent whose forked child holds the memory, and after driver/binding skew
-  can list garbage, so every NVML pid is validated and must be corroborated by
-  the device-file scan before it is trusted.
+  can list garbage, so every NVML pid is validated (it must exist here, not be
+  a zombie, keep its identity while inspected) and, when the device files are
+  in use and the process's fds are readable, must hold that GPU's device file;
+  otherwise it goes to ``ignored`` with the reason.
 * Holders of ``/dev/nvidia<minor>`` through /proc/*/fd and /proc/*/maps: finds
   forked children NVML never lists.
 * Name patterns over cmdline, comm and exe: finds renamed workers

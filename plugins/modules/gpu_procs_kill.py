@@ -496,7 +496,8 @@ def run(module: AnsibleModule) -> dict:
             ended = kill.ended
         notes.extend(n for n in kill.notes if n not in notes)
         elapsed = time.monotonic() - start
-        result, reason, warnings = _kill.outcome(kill, ended, module.check_mode, p["kill_timeout"], elapsed, notes, warnings, module._diff)  # pylint: disable=protected-access
+        diff = module._diff  # pylint: disable=protected-access
+        result, reason, warnings = _kill.outcome(kill, ended, module.check_mode, p["kill_timeout"], elapsed, notes, warnings, diff)
         result.update(start=str(started), end=str(datetime.datetime.now()))
         for warning in warnings:
             module.warn(warning)

@@ -120,7 +120,7 @@ def ended(pid: int, outcome: str | None, signals: list[str], round_: int = 1) ->
 
 
 def test_the_result_counts_only_what_was_ended_and_warns_about_what_it_could_not_see() -> None:
-    kill = _kill.Kill(lambda: _procs.Plan())
+    kill = _kill.Kill(_procs.Plan)
     kill.rounds = 2
     kill.unreadable = 3
     kill.protected = [
@@ -142,7 +142,7 @@ def test_the_result_counts_only_what_was_ended_and_warns_about_what_it_could_not
 
 
 def test_remaining_processes_fail_the_run() -> None:
-    kill = _kill.Kill(lambda: _procs.Plan())
+    kill = _kill.Kill(_procs.Plan)
     kill.rounds, kill.deadline_passed = 3, True
     kill.remaining = [ended(20, None, []).candidate]
     result, reason, _warnings = _kill.outcome(kill, [ended(10, "killed", ["TERM", "KILL"])], False, 10, 41.0, [], [], diff=False)
