@@ -111,8 +111,9 @@ _SHELL = re.compile(r"^(?:sh|bash|dash|ksh|zsh)$")
 # ansible, ansible-playbook, ansible-connection, ansible-runner, ... (and python -m ansible / ansible_runner).
 _ANSIBLE_PROGRAM = re.compile(r"^ansible(?:[-_][a-z][a-z_-]*)?$")
 # Words only Ansible puts on a command line: its module payloads (also under async_wrapper), its
-# remote and local temporary directories, and the marker of its become wrapper.
-_ANSIBLE_MARKS = ("AnsiballZ_", "/ansible-tmp-", "/ansible-local-", "BECOME-SUCCESS-")
+# remote and local temporary directories, the marker of its become wrapper, and the default control
+# path of its SSH connections (the clients and their ControlPersist master, "ssh: ~/.ansible/cp/... [mux]").
+_ANSIBLE_MARKS = ("AnsiballZ_", "/ansible-tmp-", "/ansible-local-", "BECOME-SUCCESS-", "/.ansible/cp/")
 _OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-o", "+o"})
 
 
@@ -383,7 +384,7 @@ def ansible_process(argv: t.Sequence[str], parent_argv: t.Sequence[str] | None =
         return None
     text = " ".join(argv)
     if any(mark in text for mark in _ANSIBLE_MARKS):
-        return "an Ansible module, async wrapper or become wrapper"
+        return "an Ansible module, async wrapper, become wrapper or SSH connection"
     prog = os.path.basename(argv[0])
     names = [prog]
     if _PYTHON.match(prog):

@@ -168,7 +168,7 @@ def test_no_ansible_process_is_signalled_under_async_or_not(node, sandbox, tmp_p
     whys = {p["why"] for p in result["protected"]}
     assert any(w.startswith("an Ansible program (ansible-playbook") for w in whys), whys
     if mode != "sync":
-        assert "an Ansible module, async wrapper or become wrapper" in whys, whys
+        assert "an Ansible module, async wrapper, become wrapper or SSH connection" in whys, whys
     assert "a pipelined Ansible module" in whys, whys
     assert "Ansible's shell for a pipelined module" in whys, whys
     assert any(w.startswith("an ancestor of an Ansible process") for w in whys), whys  # strace and the shell above the controller

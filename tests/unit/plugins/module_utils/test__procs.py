@@ -102,8 +102,11 @@ TMP = "/root/.ansible/tmp/ansible-tmp-1796095109.17-14-797"
         (
             ["sudo", "-H", "-S", "-n", "-u", "root", "/bin/sh", "-c", "echo BECOME-SUCCESS-abc ; /usr/bin/python3"],
             None,
-            "an Ansible module, async wrapper or become",
+            "an Ansible module, async wrapper, become wrapper",
         ),
+        # SSH connections to other hosts: the clients and their ControlPersist master, in Ansible's control path.
+        (["ssh", "-C", "-o", "ControlMaster=auto", "-o", "ControlPath=/root/.ansible/cp/3f2a9c", "gpu-node-2"], None, "an Ansible module, async wrapper"),
+        (["ssh: /root/.ansible/cp/3f2a9c [mux]"], None, "an Ansible module, async wrapper, become wrapper or SSH connection"),
         # A pipelined module: the shells (local connection nests two) and the bare interpreter under them.
         (["/bin/sh", "-c", f"/bin/sh -c {PY}"], None, "Ansible's shell for a pipelined module"),
         (["/bin/sh", "-c", f"{PY} && sleep 0"], None, "Ansible's shell for a pipelined module"),
