@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from gpusim import paths
+from support.ansible import local_play, run_playbook
 from support.modules import ModuleRunner, assert_no_traceback, wait_for
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
@@ -152,12 +153,24 @@ def test_stopped_worker_ends_on_sigterm_thanks_to_sigcont(mod, sandbox) -> None:
     assert not w.alive()
 
 
-def test_protected_daemons_management_clients_module_and_ansible_survive_a_catch_all(mod, node, sandbox) -> None:
+def under_async(node, sandbox, args: dict) -> dict:
+    """gpu_procs_kill through ansible-playbook in the sandbox, as an async task polled every second."""
+    task = {"name": "Kill under async", "gpuops.clean_slate.gpu_procs_kill": {"device_dir": str(node.dev_dir), **args}, "async": 120, "poll": 1}
+    env = node.env()
+    env["PATH"] = f"{node.bin_dir}:{os.environ.get('PATH', '')}"
+    run = run_playbook(local_play([task]), inventory="localhost,", env=env, wrapper=sandbox.nsenter_prefix())
+    record = run.task("Kill under async")
+    return {**record["result"], "_status": record["status"], "_run": run}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_protected_daemons_management_clients_module_and_ansible_survive_a_catch_all(mod, node, sandbox, mode) -> None:
     daemons = {name: node.spawn_daemon(name, sandbox=sandbox) for name in ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")}
     mgmt = sandbox.spawn_worker(gpus=[0], hold_only=True, mib=0)
     nvml_client = sandbox.spawn_worker(gpus=[1], nvml=True, mib=0)
     worker = sandbox.spawn_worker(gpus=[3], mib=20000, title="python3 -m sglang.launch_server")
-    r = mod("gpu_procs_kill", {"patterns": ["python3", ".*"], "discovery": ["nvml", "device_files"], **FAST})
+    args = {"patterns": ["python3", ".*"], "discovery": ["nvml", "device_files"], **FAST}
+    r = mod("gpu_procs_kill", args) if mode == "sync" else under_async(node, sandbox, args)
     assert r["_status"] == "ok", r
     assert not worker.alive()
     for name, d in daemons.items():
@@ -172,6 +185,9 @@ def test_protected_daemons_management_clients_module_and_ansible_survive_a_catch
     whys = set(protected.values())
     assert "this module's own process" in whys
     assert "an ancestor of this module (its interpreter, Ansible, sshd or the become chain)" in whys
+    if mode == "async":
+        # Detached from the controller, which is no longer an ancestor and is protected as what it is.
+        assert any(w.startswith("an Ansible program (ansible-playbook") for w in whys), whys
     # The Ansible run itself came back: the controller and the module survived.
     assert r["_run"].rc == 0
     targets = {t["pid"] for t in r["targets"]}
