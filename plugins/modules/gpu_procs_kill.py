@@ -20,8 +20,9 @@ description:
     when its pid does not exist in this PID namespace (a dead parent whose forked child holds the memory, which the
     device files find, or a process of another namespace), is a zombie, exits while being inspected, or, with the
     V(device_files) source on and the process's file descriptors readable, does not hold that GPU's device file (a
-    stale entry, or a pid from another namespace that names an innocent process here). With V(device_files) off, or
-    for a process whose file descriptors cannot be read (without C(become)), NVML's word alone is trusted.
+    stale entry, or a pid from another namespace that names an innocent process here). With V(device_files) off or
+    unavailable (no GPU device file in O(device_dir)), or for a process whose file descriptors cannot be read (without
+    C(become)), NVML's word alone is trusted.
   - Never signals PID 1 of any namespace, kernel threads, this module, its ancestors and the processes it started,
     any Ansible process on the host (the controller and its workers, C(ansible-connection), async wrappers, other
     modules, also under C(async)), processes outside the O(containers) scope, or protected daemons
@@ -346,7 +347,7 @@ remaining:
   returned: when the module fails with RV(reason=holders_remain)
   type: list
   elements: dict
-  sample: [{"pid": 5120, "name": "gpusim-worker", "reasons": ["holds nvidia0 (fd+mmap)"]}]
+  sample: [{"pid": 5120, "name": "sglang::schedul", "reasons": ["holds nvidia0 (fd+mmap)"]}]
 reason:
   description:
     - Why the module failed. V(bad_arguments) (refused before anything was signalled), V(no_discovery_source) (no
