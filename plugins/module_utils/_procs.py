@@ -622,6 +622,11 @@ def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], g
         c.pidns = _proctable.pidns_inode(pid)
         c.container = _proctable.container_of(pid)
         why = None
+        if f.state in ("Z", "X") and not (pid <= 1 or (c.nspid and c.nspid[-1] == 1)):
+            # It has exited already (a zombie holds no memory and no file); only its parent's wait is missing.
+            # Judged first: its executable can no longer be read, so it would pass for a daemon by its name.
+            plan.ignored.append({"pid": pid, "why": "a zombie: it has exited already and holds nothing; its parent has not reaped it yet"})
+            continue
         if pid <= 1 or (c.nspid and c.nspid[-1] == 1):
             why = "PID 1 of its namespace (an init)"
         elif f.kernel:
@@ -642,10 +647,6 @@ def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], g
                 # Protection wins, so this GPU cannot come clean: say so where the operator looks.
                 record.update(gpus=sorted(c.gpus), used_mib=c.used_mib, holds_gpu_memory=True)
             plan.protected.append(record)
-            continue
-        if f.state in ("Z", "X"):
-            # It has exited already (a zombie holds no memory and no file); only its parent's wait is missing.
-            plan.ignored.append({"pid": pid, "why": "a zombie: it has exited already and holds nothing; its parent has not reaped it yet"})
             continue
         if req.users is not None and f.uid not in req.users:
             plan.ignored.append({"pid": pid, "why": f"owned by uid {f.uid}, not one of users"})

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 from support.ansible import ROOT, VENV_PYTHON, run_playbook
+from support.orphans import end, spawn_orphan
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _proctable
 
 
 def discover_as_a_child(req: _procs.Request) -> tuple[set[int], dict[int, str]]:
@@ -176,3 +177,40 @@ def test_no_ansible_process_is_signalled_under_async_or_not(node, sandbox, tmp_p
     received, argv = traced_signals(log)
     hurt = [line for line in received if any(s in line for s in SIGNALS_THAT_HURT)]
     assert not hurt, "\n".join(f"{line}  <- {argv.get(int(line.split()[0]), '?')}" for line in hurt)
+
+
+def test_a_zombie_cannot_pass_for_a_daemon() -> None:
+    """A zombie's executable can no longer be read: it is ignored as a zombie, not protected by its name.
+
+    (After a round, the ended targets are zombies until reaped; one titled like a daemon showed up as
+    protected in the report under load.)
+    """
+    script = "import os, time\nif os.fork() == 0:\n    open('/proc/self/comm', 'w').write('nvidia-persiste')\n    os._exit(0)\ntime.sleep(60)"
+    parent = spawn_orphan([sys.executable, "-c", script, "zombie-parent"], ready=b"zombie-parent")
+    try:
+        zombie = None
+        for _unused in range(500):
+            for name in os.listdir("/proc"):
+                if name.isdigit():
+                    st = _proctable.read_stat(int(name))
+                    if st and st["ppid"] == parent and st["state"] == "Z":
+                        zombie = int(name)
+            if zombie:
+                break
+            time.sleep(0.01)
+        assert zombie, "no zombie appeared"
+        req = _procs.Request(
+            gpus=[],
+            all_gpus=True,
+            nvml_processes={},
+            use_nvml=False,
+            use_device_files=False,
+            patterns=_procs.compile_patterns(["^nvidia-persiste$"]),
+            protect=_procs.protect_list([], []),
+        )
+        plan = _procs.discover(req)
+        assert zombie not in {p["pid"] for p in plan.protected}
+        assert {i["pid"]: i["why"] for i in plan.ignored}[zombie].startswith("a zombie")
+        assert zombie not in {c.pid for c in plan.targets}
+    finally:
+        end(parent)
