@@ -176,7 +176,7 @@ options:
       - Seconds from the first signal within which the module may start new rounds, for processes that appeared
         during the kill, from 0 to 86400 (one day). A later round gets what is left of it as its grace period; SIGKILL
         always gets O(kill_timeout). Processes still found when it has passed make the module fail.
-      - Unset means twice O(grace_period) + O(kill_timeout), at most 86400.
+      - Unset means twice the sum of O(grace_period) and O(kill_timeout), at most 86400.
     type: float
   device_dir:
     description:
