@@ -448,9 +448,28 @@ def device_file_gpus(device_dir: str) -> list[Gpu]:
     return [Gpu(index=m, minor=m) for m in minors]
 
 
-def gpus_and_processes(
-    selectors: list[int | str], want_processes: bool, device_dir: str, notes: list[str]
-) -> tuple[list[Gpu], list[Gpu], dict[int, list[GpuProcess]]]:
+def device_files_problem(device_dir: str) -> str | None:
+    """Why the GPUs' device files cannot serve to find their holders, or None when they can."""
+    try:
+        names = os.listdir(device_dir)
+    except OSError as exc:
+        return f"{device_dir} cannot be listed ({exc.strerror or exc})"
+    if not any(re.match(r"^nvidia\d+$", n) for n in names):
+        return f"{device_dir} holds no GPU device file (nvidia0, nvidia1, ...): the driver is not loaded, or the GPUs are not passed through"
+    return None
+
+
+@dataclass
+class GpuFacts:
+    """What NVML (or, without it, the device files) says about the GPUs, for discovery."""
+
+    every: list[Gpu]
+    selected: list[Gpu]
+    processes: dict[int, list[GpuProcess]]  # GPU index -> processes NVML lists, every GPU
+    nvml_problem: str | None = None  # why NVML could not be used; None when it answered
+
+
+def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_dir: str, notes: list[str]) -> GpuFacts:
     """Every GPU, the selected ones, and the processes NVML lists on each GPU (all of them,
     so that a process can be told to use GPU 0 only although it holds every device file).
 
@@ -459,9 +478,10 @@ def gpus_and_processes(
     mismatch), so only choosing a subset of GPUs strictly needs NVML.
     """
     if not HAS_PYNVML and not selectors:
-        notes.append("nvidia-ml-py is not installed: processes are found through device files and patterns only.")
+        problem = "nvidia-ml-py is not installed for the Python that runs the module"
+        notes.append(f"{problem}: processes are found through device files and patterns only.")
         found = device_file_gpus(device_dir)
-        return found, found, {}
+        return GpuFacts(found, found, {}, problem)
     try:
         with NvmlSession() as session:
             every = session.gpus()
@@ -478,7 +498,7 @@ def gpus_and_processes(
                     except NvmlError as exc:
                         if gpu in gpus:
                             notes.append(f"GPU {gpu.index}: NVML process list unavailable ({exc.msg}); using device files.")
-            return every, gpus, processes
+            return GpuFacts(every, gpus, processes)
     except CleanSlateError as exc:
         if selectors or exc.reason == "bad_arguments":
             if exc.reason == "bad_arguments":
@@ -486,4 +506,4 @@ def gpus_and_processes(
             raise CleanSlateError(f"gpus: selecting GPUs needs NVML, which failed: {exc.msg}", reason=exc.reason) from None
         notes.append(f"NVML unavailable ({exc.msg}); processes are found through device files and patterns only, and GPU indices are device minors.")
         found = device_file_gpus(device_dir)
-        return found, found, {}
+        return GpuFacts(found, found, {}, exc.msg)

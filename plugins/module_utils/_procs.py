@@ -6,20 +6,36 @@
 
 """Find the processes holding NVIDIA GPUs, and decide which may be ended.
 
-Discovery is a union, because each source alone misses real holders:
+Discovery combines three sources, because each alone misses real holders
+(it is not a plain union: an NVML entry must be corroborated, see below):
 
 * NVML's process lists (compute, graphics, MPS). NVML keeps listing a dead
   parent whose forked child holds the memory, and after driver/binding skew
-  can list garbage, so every NVML pid is validated and must be corroborated by
-  the device-file scan before it is trusted.
+  can list garbage, so every NVML pid is validated (it must exist here, not be
+  a zombie, keep its identity while inspected) and, when the device files are
+  in use and the process's fds are readable, must hold that GPU's device file;
+  otherwise it goes to ``ignored`` with the reason.
 * Holders of ``/dev/nvidia<minor>`` through /proc/*/fd and /proc/*/maps: finds
   forked children NVML never lists.
 * Name patterns over cmdline, comm and exe: finds renamed workers
   (``sglang::scheduler_TP0``) and the processes around them.
 
 Protection is applied after discovery and cannot be switched off for the
-core cases: PID 1 of any namespace, kernel threads, this module and all its
-ancestors, processes outside the container scope.
+core cases: PID 1 of any namespace, kernel threads, this module, its
+ancestors and the processes it started, every Ansible process on the host,
+processes outside the container scope.
+
+Two kinds of protection are tied to what a process *is*, not to the name it
+gives itself (anyone can ``exec -a nvidia-persistenced`` or call
+``prctl(PR_SET_NAME)``):
+
+* Ansible's processes. Under ``async`` the module is detached from the
+  controller, which is then no longer an ancestor; so the controller, its
+  workers, ``ansible-connection``, async wrappers and other modules are
+  recognised by how Ansible starts them (see :func:`ansible_process`).
+* Protected daemons, by the basename of ``/proc/PID/exe`` (see
+  :func:`protection`); comm and argv[0] count only when the executable cannot
+  be read, which keeps such a process on the safe side.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import shlex
 import typing as t
 from dataclasses import dataclass, field
 
@@ -83,6 +100,22 @@ DEFAULT_PROTECT = (
     "qemu-system-*",
 )
 
+# Proxmox VE's daemons are Perl programs that name themselves through $0 ("pvedaemon worker"): their
+# executable is perl, so for them (only) the name counts, and only when the executable is perl.
+PERL_DAEMONS = frozenset({"pvedaemon*", "pveproxy*", "pvestatd", "pvescheduler", "pve-firewall", "pve-ha-*"})
+_PERL = re.compile(r"^perl[0-9.]*$")
+# Executables that run a script named on their command line: the script says what the process is.
+_INTERPRETER = re.compile(r"^(?:python|pypy|perl|ruby|node|nodejs|bash|sh|dash|ksh|zsh|lua|php)[0-9.]*$")
+_PYTHON = re.compile(r"^(?:python|pypy|platform-python)[0-9.]*$")
+_SHELL = re.compile(r"^(?:sh|bash|dash|ksh|zsh)$")
+# ansible, ansible-playbook, ansible-connection, ansible-runner, ... (and python -m ansible / ansible_runner).
+_ANSIBLE_PROGRAM = re.compile(r"^ansible(?:[-_][a-z][a-z_-]*)?$")
+# Words only Ansible puts on a command line: its module payloads (also under async_wrapper), its
+# remote and local temporary directories, the marker of its become wrapper, and the default control
+# path of its SSH connections (the clients and their ControlPersist master, "ssh: ~/.ansible/cp/... [mux]").
+_ANSIBLE_MARKS = ("AnsiballZ_", "/ansible-tmp-", "/ansible-local-", "BECOME-SUCCESS-", "/.ansible/cp/")
+_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-o", "+o"})
+
 
 @dataclass
 class ProcFacts:
@@ -99,6 +132,7 @@ class ProcFacts:
     state: str
     kernel: bool
     sid: int = 0
+    argv: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -120,6 +154,11 @@ class Candidate:
     @property
     def pid(self) -> int:
         return self.facts.pid
+
+    @property
+    def holds_gpu_memory(self) -> bool:
+        """Listed by NVML on a GPU, or mapping a GPU's device file (as CUDA contexts do)."""
+        return bool(self.gpus) and (self.nvml_listed or bool(self.holding is not None and self.holding.gpu_maps))
 
     def record(self) -> dict[str, t.Any]:
         """The record users see (and filter with ``where``)."""
@@ -164,12 +203,19 @@ class Plan:
     protected: list[dict[str, t.Any]] = field(default_factory=list)
     ignored: list[dict[str, t.Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    unreadable: int = 0  # processes whose file descriptors could not be read (permission)
 
 
 def compile_patterns(patterns: t.Sequence[str], option: str = "patterns") -> list[re.Pattern[str]]:
     """Compile regexes, naming the option and the bad pattern on error."""
     compiled = []
     for pattern in patterns:
+        if pattern == "":
+            # re.search("") matches every process: an empty item (a stray comma in a survey, an unset
+            # variable) must not turn into "end everything".
+            raise CleanSlateError(
+                f"{option}: an empty pattern matches every process; remove it, or write '.*' if every process is really meant.", reason="bad_arguments"
+            )
         try:
             compiled.append(re.compile(pattern))
         except re.error as exc:
@@ -187,6 +233,11 @@ def resolve_users(users: t.Sequence[t.Any]) -> set[int] | None:
     for user in users:
         text = str(user)
         if text.isdigit():
+            try:
+                pwd.getpwuid(int(text))
+            except (KeyError, OverflowError):
+                # A typo in a uid would otherwise silently select nothing, and the run would look clean.
+                raise CleanSlateError(f"users: no user with uid {text} on this host.", reason="bad_arguments") from None
             uids.add(int(text))
             continue
         try:
@@ -203,8 +254,10 @@ def read_facts(pid: int) -> ProcFacts | None:
     if st is None or command is None:
         return None
     raw, exe, uid = command
-    cmdline = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    words = raw.rstrip(b"\0")
+    cmdline = words.replace(b"\0", b" ").decode("utf-8", "replace")
     return ProcFacts(
+        argv=[w.decode("utf-8", "replace") for w in words.split(b"\0")] if words else [],
         pid=pid,
         comm=st["comm"],
         cmdline=cmdline,
@@ -219,28 +272,132 @@ def read_facts(pid: int) -> ProcFacts | None:
     )
 
 
-def _names(facts: ProcFacts) -> list[str]:
-    names = [facts.comm]
-    if facts.exe:
-        names.append(os.path.basename(facts.exe.replace(" (deleted)", "")))
-    if facts.cmdline:
-        names.append(os.path.basename(facts.cmdline.split(" ", 1)[0]))
-    return names
+def exe_name(facts: ProcFacts) -> str | None:
+    """The basename of the process's executable (/proc/PID/exe), or None when it cannot be read."""
+    if not facts.exe:
+        return None
+    exe = facts.exe[: -len(" (deleted)")] if facts.exe.endswith(" (deleted)") else facts.exe
+    return os.path.basename(exe)
+
+
+def script_name(argv: t.Sequence[str]) -> str | None:
+    """The script an interpreter runs, by basename: its first argument that is not an option.
+
+    ``-m mod`` gives the module name; inline code (``-c``, ``-e``) and a bare
+    interpreter reading its program from stdin give None.
+    """
+    words = list(argv[1:])
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return os.path.basename(words[i + 1]) if i + 1 < len(words) else None
+        if word in ("-c", "-e", "-E"):
+            return None
+        if word == "-m":
+            return words[i + 1] if i + 1 < len(words) else None
+        if word in _OPTIONS_WITH_VALUE:
+            i += 2
+            continue
+        if word.startswith(("-", "+")):
+            i += 1
+            continue
+        return os.path.basename(word)
+    return None
+
+
+def protection(facts: ProcFacts, protect: t.Sequence[str]) -> tuple[str | None, str]:
+    """(the protect-list entry this process is, how it was told) - (None, "") when it is none.
+
+    A process is what its executable is: an entry matches the basename of
+    /proc/PID/exe and, when that executable is an interpreter, the script it
+    runs. Neither comm nor argv[0] counts, since any process can set both.
+    Proxmox's Perl daemons are the exception: perl running under one of their
+    names. When the executable cannot be read (a zombie, or another user's
+    process without privileges, which this module could not signal anyway),
+    comm, argv[0] and a 15-character comm cut from a longer name count, so
+    that a daemon is never ended for want of a readable link.
+    """
+    own = [facts.comm] + ([os.path.basename(facts.argv[0])] if facts.argv and facts.argv[0] else [])
+    exe = exe_name(facts)
+    if exe is None:
+        for entry in protect:
+            if any(fnmatch.fnmatchcase(n, entry) for n in own) or (len(facts.comm) == 15 and fnmatch.fnmatchcase(facts.comm, entry[:15])):
+                return entry, "by name, its executable cannot be read"
+        return None, ""
+    names = [exe]
+    if _INTERPRETER.match(exe):
+        script = script_name(facts.argv)
+        if script:
+            names.append(script)
+    perl = bool(_PERL.match(exe))
+    for entry in protect:
+        if entry in PERL_DAEMONS:
+            if perl and any(fnmatch.fnmatchcase(n, entry) for n in own):
+                return entry, ""
+        elif any(fnmatch.fnmatchcase(n, entry) for n in names):
+            return entry, ""
+    return None, ""
 
 
 def protected_name(facts: ProcFacts, protect: t.Sequence[str]) -> str | None:
-    """The protect-list entry this process matches, if any.
+    """The protect-list entry this process is, if any (see :func:`protection`)."""
+    return protection(facts, protect)[0]
 
-    comm is truncated to 15 characters by the kernel, so a 15-character comm
-    also matches a longer name it is the prefix of.
+
+def _runs_bare_interpreter(command: str) -> bool:
+    """Whether a shell command line only starts an interpreter that reads its program from stdin.
+
+    That is how Ansible runs a pipelined module: ``/bin/sh -c '/usr/bin/python3'``, possibly
+    nested in a second ``/bin/sh -c`` (local connection) and followed by ``&& sleep 0``.
     """
-    names = _names(facts)
-    for entry in protect:
-        for name in names:
-            if fnmatch.fnmatchcase(name, entry):
-                return entry
-        if len(facts.comm) == 15 and fnmatch.fnmatchcase(facts.comm, entry[:15]):
-            return entry
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    if words[-3:] == ["&&", "sleep", "0"]:
+        words = words[:-3]
+    if words[:1] == ["echo"] and len(words) > 1 and words[1].startswith("BECOME-SUCCESS-"):
+        # The become wrapper: "echo BECOME-SUCCESS-<id> ; /usr/bin/python3".
+        words = words[3:] if len(words) > 2 and words[2] == ";" else words[2:]
+    if len(words) == 3 and _SHELL.match(os.path.basename(words[0])) and words[1] == "-c":
+        return _runs_bare_interpreter(words[2])
+    return len(words) == 1 and bool(_PYTHON.match(os.path.basename(words[0])))
+
+
+def _is_pipeline_shell(argv: t.Sequence[str]) -> bool:
+    return len(argv) == 3 and bool(_SHELL.match(os.path.basename(argv[0]))) and argv[1] == "-c" and _runs_bare_interpreter(argv[2])
+
+
+def ansible_process(argv: t.Sequence[str], parent_argv: t.Sequence[str] | None = None) -> str | None:
+    """What Ansible process this command line is, or None.
+
+    Recognised, whatever the host and connection: the controller and its forked
+    workers, ``ansible-connection`` and every other ``ansible*`` program (also
+    under ``python -m``); module payloads (``AnsiballZ_*.py``), async wrappers,
+    scripts and become wrappers, by the words Ansible puts on their command
+    lines (its temporary directories, ``BECOME-SUCCESS-``); and a pipelined
+    module: the shell Ansible starts with only an interpreter to run, and that
+    bare interpreter, which reads the module from its stdin.
+    """
+    if not argv:
+        return None
+    text = " ".join(argv)
+    if any(mark in text for mark in _ANSIBLE_MARKS):
+        return "an Ansible module, async wrapper, become wrapper or SSH connection"
+    prog = os.path.basename(argv[0])
+    names = [prog]
+    if _PYTHON.match(prog):
+        script = script_name(argv)
+        if script:
+            names.append(os.path.basename(script))
+    for name in names:
+        if _ANSIBLE_PROGRAM.match(name):
+            return f"an Ansible program ({name}: the controller, its workers, ansible-connection, ansible-runner)"
+    if _is_pipeline_shell(argv):
+        return "Ansible's shell for a pipelined module"
+    if len(argv) == 1 and _PYTHON.match(prog) and parent_argv and _is_pipeline_shell(parent_argv):
+        return "a pipelined Ansible module"
     return None
 
 
@@ -281,6 +438,37 @@ def _validated_nvml_pid(pid: int, maxpid: int, facts: dict[int, ProcFacts]) -> s
     return None
 
 
+def guard_ansible_and_own(facts: dict[int, ProcFacts], self_pid: int, guarded: dict[int, str]) -> None:
+    """Add to ``guarded`` every Ansible process on the host and every process this module started.
+
+    Ancestors alone do not cover Ansible: under ``async`` the module runs under
+    a detached async wrapper, so the controller and its workers are no longer
+    its ancestors, and other hosts' workers and other tasks' modules never were.
+    """
+    children: dict[int, list[int]] = {}
+    found = []
+    for pid, f in facts.items():
+        children.setdefault(f.ppid, []).append(pid)
+        if pid not in guarded:
+            parent = facts.get(f.ppid)
+            what = ansible_process(f.argv, parent.argv if parent else None)
+            if what:
+                guarded[pid] = what
+                found.append(pid)
+    # What started Ansible is as vital to it as the module's own ancestors are to the module: ending
+    # the shell, timeout, sudo or CI runner above a controller ends or orphans the run.
+    for pid in found:
+        current = facts[pid].ppid
+        while current > 0 and current in facts and current not in guarded:
+            guarded[current] = "an ancestor of an Ansible process (what started the controller or a module: a shell, sudo, sshd, a CI runner)"
+            current = facts[current].ppid
+    stack = list(children.get(self_pid, []))
+    while stack:
+        pid = stack.pop()
+        guarded.setdefault(pid, "started by this module")
+        stack.extend(children.get(pid, []))
+
+
 def discover(req: Request) -> Plan:
     """Build the plan: candidates from every source, then protection, scope, users and ``where``."""
     plan = Plan()
@@ -290,6 +478,7 @@ def discover(req: Request) -> Plan:
         guarded.setdefault(pid, "an ancestor of this module (its interpreter, Ansible, sshd or the become chain)")
     maxpid = _proctable.pid_max()
     facts = {pid: f for pid in _proctable.pids() if (f := read_facts(pid)) is not None}
+    guard_ansible_and_own(facts, self_pid, guarded)
     minor_to_index = {g.minor: g.index for g in (req.every_gpu or req.gpus) if g.minor is not None}
     selected = {g.minor for g in req.gpus if g.minor is not None}
     # Where NVML lists each process, over every GPU: its word on which GPUs a process uses wins.
@@ -306,6 +495,7 @@ def discover(req: Request) -> Plan:
     if req.use_device_files:
         holders, unreadable_list = _proctable.scan_device_holders(req.device_dir)
         unreadable = set(unreadable_list)
+        plan.unreadable = len(unreadable)
         if unreadable:
             plan.notes.append(f"{len(unreadable)} process(es) could not be inspected for device files (permission); run with become: true.")
 
@@ -432,6 +622,11 @@ def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], g
         c.pidns = _proctable.pidns_inode(pid)
         c.container = _proctable.container_of(pid)
         why = None
+        if f.state in ("Z", "X") and not (pid <= 1 or (c.nspid and c.nspid[-1] == 1)):
+            # It has exited already (a zombie holds no memory and no file); only its parent's wait is missing.
+            # Judged first: its executable can no longer be read, so it would pass for a daemon by its name.
+            plan.ignored.append({"pid": pid, "why": "a zombie: it has exited already and holds nothing; its parent has not reaped it yet"})
+            continue
         if pid <= 1 or (c.nspid and c.nspid[-1] == 1):
             why = "PID 1 of its namespace (an init)"
         elif f.kernel:
@@ -439,15 +634,19 @@ def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], g
         elif pid in guarded:
             why = guarded[pid]
         else:
-            name = protected_name(f, req.protect)
+            name, how = protection(f, req.protect)
             if name:
-                why = f"protected daemon ({name})"
+                why = f"protected daemon ({name}{', ' + how if how else ''})"
             elif req.scopes and _scope.member_of(pid, req.scopes, c.pidns, c.container) is None:
                 why = "outside the container scope (" + ", ".join(str(s.vmid) for s in req.scopes) + ")"
             elif not req.kill_management_clients and not c.nvml_listed and pid in holders and not holders[pid].has_mmaps:
                 why = "management client (holds device files but maps none); set kill_management_clients: true to end it"
         if why:
-            plan.protected.append({"pid": pid, "name": f.comm, "cmdline": f.cmdline, "why": why, "container": c.container})
+            record = {"pid": pid, "name": f.comm, "cmdline": f.cmdline, "why": why, "container": c.container}
+            if c.holds_gpu_memory:
+                # Protection wins, so this GPU cannot come clean: say so where the operator looks.
+                record.update(gpus=sorted(c.gpus), used_mib=c.used_mib, holds_gpu_memory=True)
+            plan.protected.append(record)
             continue
         if req.users is not None and f.uid not in req.users:
             plan.ignored.append({"pid": pid, "why": f"owned by uid {f.uid}, not one of users"})

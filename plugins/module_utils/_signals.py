@@ -46,6 +46,7 @@ SIGNALS = {
     "KILL": signal.SIGKILL,
 }
 _POLL_FALLBACK_S = 0.005
+_POLL_SLICE_S = 60.0
 
 
 @dataclass
@@ -146,7 +147,8 @@ def wait_exit(victims: list[Victim], deadline: float, start: float, outcome: str
             poller = select.poll()
             for fd in fds:
                 poller.register(fd, select.POLLIN)
-            poller.poll(max(1, int((deadline - now) * 1000)))
+            # poll() takes a C int of milliseconds: wait in slices of at most a minute, the loop re-checks.
+            poller.poll(max(1, int(min(deadline - now, _POLL_SLICE_S) * 1000)))
         else:
             time.sleep(min(_POLL_FALLBACK_S, deadline - now))
 

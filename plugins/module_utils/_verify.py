@@ -20,7 +20,7 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _proctable
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     Gpu,
     GpuProcess,
@@ -44,6 +44,11 @@ ADVICE = {
         "no process anywhere holds this memory (an orphaned context). Killing cannot free it: stop the GPU's management"
         " daemons (nvidia-persistenced, nv-hostengine, dcgm-exporter, nvidia-fabricmanager), reset the GPU with"
         " nvidia-smi -r -i <index>, or reboot the node."
+    ),
+    "held_by_protected": (
+        "gpuops.clean_slate.gpu_procs_kill never ends a protected daemon, so the GPU stays held while it runs: stop it through"
+        " its service (for example systemctl stop nvidia-dcgm), or, if it must go with the job, take it off the protect list"
+        " with gpu_procs_kill's unprotect (clean_slate_unprotect in the role)."
     ),
     "gpu_lost": "drain the node and reboot or power-cycle it; check dmesg for Xid 79.",
     "needs_reset": (
@@ -151,13 +156,32 @@ def _comm(pid: int) -> str | None:
         return None
 
 
+def protected_daemons(pids: t.Iterable[int], protect: t.Sequence[str] | None = None) -> dict[int, str]:
+    """Those of ``pids`` that gpu_procs_kill protects as daemons (by executable), with the entry they match."""
+    entries = list(protect) if protect is not None else _procs.protect_list([], [])
+    out = {}
+    for pid in pids:
+        facts = _procs.read_facts(pid)
+        name = _procs.protected_name(facts, entries) if facts is not None else None
+        if name:
+            out[pid] = name
+    return out
+
+
 def diagnose(
-    reading: Reading, criteria: Criteria, holders: dict[int, _proctable.Holding], own: set[int], nvml_minors: dict[int, set[int]] | None = None
+    reading: Reading,
+    criteria: Criteria,
+    holders: dict[int, _proctable.Holding],
+    own: set[int],
+    nvml_minors: dict[int, set[int]] | None = None,
+    protect: t.Sequence[str] | None = None,
 ) -> tuple[str, str, list[int]]:
     """(diagnosis, sentence, pids holding it) for a GPU, using a /proc holder scan.
 
     ``nvml_minors`` says on which GPUs (device minors) NVML lists each pid, so that a
-    process holding every device file is blamed only for the GPUs it uses.
+    process holding every device file is blamed only for the GPUs it uses. A GPU held
+    only by daemons gpu_procs_kill protects (``protect``, the default list when None)
+    is ``held_by_protected``: killing will never free it.
     """
     clean, terminal = quick_judge(reading, criteria)
     gpu = reading.gpu
@@ -195,6 +219,12 @@ def diagnose(
                 f" NVML also lists PID(s) {', '.join(map(str, invisible_listed))} that do not exist here"
                 " (a dead parent whose forked child holds the memory, or another namespace)."
             )
+        daemons = protected_daemons(holding, protect)
+        if len(daemons) == len(holding):
+            what = ", ".join(f"{pid} ({name})" for pid, name in daemons.items())
+            return "held_by_protected", f"{used} MiB used, held by protected daemon PID(s) {what}.{extra} {ADVICE['held_by_protected']}", holding
+        if daemons:
+            extra += f" PID(s) {', '.join(map(str, daemons))} are protected daemons, which gpu_procs_kill will not end."
         return "busy", f"{used} MiB used, held by PID(s) {names}.{extra} {ADVICE['busy']}", holding
     if used > criteria.max_used_mib or reading.processes:
         # Inside a container, host-held memory and an orphaned context look alike; the driver's
@@ -244,6 +274,7 @@ class Outcome:
     time_to_clean_s: float | None
     polls: int
     notes: list[str]
+    unreadable: int = 0  # processes whose file descriptors could not be read while naming holders
 
     @property
     def clean_count(self) -> int:
@@ -278,7 +309,6 @@ def poll_until_clean(
         if all(clean or terminal in TERMINAL for clean, terminal in judged) or now >= deadline:
             break
         sleep(max(0.0, min(interval, deadline - now)))
-    elapsed = clock() - start
     notes = []
     if any(r.memory is not None and r.memory.api == "v1" for r in readings):
         notes.append(
@@ -286,13 +316,15 @@ def poll_until_clean(
             " (the smallest unexplained use among GPUs of the same model)."
         )
     holders: dict[int, _proctable.Holding] = {}
+    unreadable = 0
     own = {os.getpid()}
     nvml_minors: dict[int, set[int]] = {}
     if not all(clean for clean, _terminal in judged):
         # Only a dirty node pays for the /proc scan that names the real holders.
-        holders, unreadable = _proctable.scan_device_holders(device_dir)
+        holders, unreadable_pids = _proctable.scan_device_holders(device_dir)
+        unreadable = len(unreadable_pids)
         if unreadable:
-            notes.append(f"{len(unreadable)} process(es) could not be inspected (permission); run with become: true for a complete diagnosis.")
+            notes.append(f"{unreadable} process(es) could not be inspected (permission); run with become: true for a complete diagnosis.")
         for gpu in every_gpu or gpus:
             if gpu.error is None and gpu.minor is not None:
                 try:
@@ -304,7 +336,9 @@ def poll_until_clean(
     for reading, (clean, _terminal) in zip(readings, judged):
         diagnosis, detail, _pids = diagnose(reading, criteria, holders, own, nvml_minors)
         reports.append(gpu_report(reading, diagnosis, detail, clean))
-    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes)
+    # Measured after the /proc scan and the diagnoses: they are part of what the verification cost.
+    elapsed = clock() - start
+    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable)
 
 
 def failure_message(outcome: Outcome, expected_total: int) -> str:

@@ -44,11 +44,11 @@ options:
   expected_count:
     description:
       - Fail when fewer than this many healthy GPUs are visible (lost GPUs do not count).
-      - The number an operator would count in C(nvidia-smi) output, for example V(8).
+      - The number an operator would count in C(nvidia-smi) output, for example V(8); from 0 to 1024.
     type: int
   max_used_mib:
     description:
-      - Most memory, in MiB of v2 C(used), that a clean GPU may have in use.
+      - Most memory, in MiB of v2 C(used), that a clean GPU may have in use, from 0 to 1048576.
       - One leftover CUDA context costs about 500 MiB, so the default catches any.
     type: int
     default: 64
@@ -59,12 +59,12 @@ options:
     default: true
   timeout:
     description:
-      - Seconds to wait for the GPUs to become clean. V(0) checks once.
+      - Seconds to wait for the GPUs to become clean, from 0 to 86400 (one day). V(0) checks once.
     type: float
     default: 30
   interval:
     description:
-      - Seconds between two polls.
+      - Seconds between two polls, from 0.001 to 60.
     type: float
     default: 0.1
   fail_on_dirty:
@@ -76,6 +76,8 @@ options:
   device_dir:
     description:
       - Directory holding the C(nvidia*) device files, scanned to name the processes holding a GPU that is not clean.
+      - It must exist; the module warns when it holds no GPU device file, since holders NVML does not list (forked
+        children) can then not be named.
     type: path
     default: /dev
 requirements:
@@ -84,6 +86,10 @@ requirements:
 notes:
   - Inside an LXC container the driver lists only the container's own processes while memory counts everything;
     memory held from outside is diagnosed as V(held_outside_namespace).
+  - A GPU held only by daemons that M(gpuops.clean_slate.gpu_procs_kill) protects (recognised by their executable, as
+    that module does) is diagnosed as V(held_by_protected), since no kill will free it.
+  - Numbers that are not finite (V(nan), V(inf)) or out of range and a O(device_dir) that does not exist are refused
+    with RV(reason=bad_arguments), naming the option, before the GPUs are read.
 seealso:
   - module: gpuops.clean_slate.gpu_procs_kill
 """
@@ -145,7 +151,7 @@ end:
   type: str
   sample: "2026-11-30 02:40:01.526789"
 elapsed_s:
-  description: Seconds the verification took.
+  description: Seconds the verification took, the scan of C(/proc) that names the holders of a GPU that is not clean included.
   returned: always
   type: float
   sample: 0.003
@@ -169,6 +175,14 @@ diagnosis:
   returned: on failure to read the GPUs
   type: str
   sample: driver_not_loaded
+reason:
+  description:
+    - Why the module failed, on every failure. V(not_clean) (a selected GPU is not clean at the deadline; each GPU's
+      RV(gpus[].diagnosis) says why), V(missing_gpus) (fewer healthy GPUs than O(expected_count)), V(bad_arguments),
+      V(missing_library), V(internal_error), or the same value as RV(diagnosis) when the GPUs cannot be read.
+  returned: failure
+  type: str
+  sample: not_clean
 python:
   description: The target's Python and which of the collection's Python dependencies it lacks (by package name).
   returned: always
@@ -237,8 +251,9 @@ gpus:
       sample: true
     diagnosis:
       description:
-        - V(clean), V(busy) (processes hold it), V(held_outside_namespace), V(orphaned_context) (memory held by no
-          process), V(gpu_lost), V(needs_reset), V(unsupported) or V(unresponsive).
+        - V(clean), V(busy) (processes hold it), V(held_by_protected) (only daemons gpu_procs_kill protects hold it),
+          V(held_outside_namespace), V(orphaned_context) (memory held by no process), V(gpu_lost), V(needs_reset),
+          V(unsupported) or V(unresponsive).
       type: str
       sample: clean
     detail:
@@ -255,8 +270,14 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _verify
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+
+# Reasons this module fails with, besides bad_arguments and the diagnoses of a driver that cannot be read.
+NOT_CLEAN = "not_clean"
+MISSING_GPUS = "missing_gpus"
+MISSING_LIBRARY = "missing_library"
+INTERNAL_ERROR = "internal_error"
 
 
 def python_facts() -> dict:
@@ -268,12 +289,11 @@ def python_facts() -> dict:
 
 def validate(params: dict) -> list:
     """Reject bad input before touching the GPUs; returns the parsed GPU selectors."""
-    for name, low in (("timeout", 0), ("max_used_mib", 0), ("expected_count", 0)):
-        value = params.get(name)
-        if value is not None and value < low:
-            raise CleanSlateError(f"{name} must be >= {low}, got {value}.", reason="bad_arguments")
-    if params["interval"] <= 0:
-        raise CleanSlateError(f"interval must be > 0 seconds, got {params['interval']}.", reason="bad_arguments")
+    _checks.number("timeout", params["timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("interval", params["interval"], 0.001, 60, unit="seconds")
+    _checks.number("max_used_mib", params["max_used_mib"], 0, 1048576, unit="MiB")
+    _checks.number("expected_count", params["expected_count"], 0, 1024)
+    _checks.existing_dir("device_dir", params["device_dir"])
     return _nvml.parse_gpu_selectors(params["gpus"])
 
 
@@ -281,6 +301,9 @@ def run(module: AnsibleModule) -> dict:
     started = datetime.datetime.now()
     p = module.params
     selectors = validate(p)
+    files_problem = _nvml.device_files_problem(p["device_dir"])
+    if files_problem:
+        module.warn(f"The GPU device files cannot be used ({files_problem}): holders of a GPU that is not clean can be named only if NVML lists them.")
     with _nvml.NvmlSession() as session:
         all_gpus = session.gpus()
         selected = _nvml.select_gpus(all_gpus, selectors)
@@ -289,6 +312,11 @@ def run(module: AnsibleModule) -> dict:
             session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=all_gpus
         )
         driver = session.driver_version()
+    if outcome.unreadable:
+        module.warn(
+            f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
+            " lists it; run with become: true."
+        )
     healthy = sum(1 for g in all_gpus if g.error is None or g.error.reason != "gpu_lost")
     result = {
         "changed": False,
@@ -315,14 +343,14 @@ def run(module: AnsibleModule) -> dict:
     if problems:
         result["msg"] = " ".join(problems)
         if p["fail_on_dirty"]:
-            module.fail_json(**result)
+            module.fail_json(reason=NOT_CLEAN if outcome.clean_count < len(selected) else MISSING_GPUS, **result)
     else:
         result["msg"] = f"{outcome.clean_count}/{len(selected)} GPUs clean in {outcome.elapsed_s:.2f} s"
     return result
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = _checks.Module(
         argument_spec={
             "gpus": {"type": "list", "elements": "raw", "default": []},
             "expected_count": {"type": "int"},
@@ -334,10 +362,15 @@ def main() -> None:
             "device_dir": {"type": "path", "default": "/dev"},
         },
         supports_check_mode=True,
-    )
+    ).ready()
     if not _nvml.HAS_PYNVML:
         module.fail_json(
-            msg=missing_required_lib("nvidia-ml-py"), exception=_nvml.PYNVML_IMPORT_ERROR, diagnosis="missing_library", clean=False, python=python_facts()
+            msg=missing_required_lib("nvidia-ml-py"),
+            exception=_nvml.PYNVML_IMPORT_ERROR,
+            diagnosis=MISSING_LIBRARY,
+            reason=MISSING_LIBRARY,
+            clean=False,
+            python=python_facts(),
         )
     try:
         module.exit_json(**run(module))
@@ -345,7 +378,9 @@ def main() -> None:
         module.fail_json(diagnosis=exc.reason, clean=False, gpus=[], python=python_facts(), **exc.result())
     except Exception as exc:  # pylint: disable=broad-exception-caught
         # A bug must still reach the operator as a sentence, with the traceback kept for -vvv.
-        module.fail_json(msg=f"gpu_mem_verify failed unexpectedly: {exc}", exception=traceback.format_exc(), diagnosis="internal_error", clean=False)
+        module.fail_json(
+            msg=f"gpu_mem_verify failed unexpectedly: {exc}", exception=traceback.format_exc(), diagnosis=INTERNAL_ERROR, reason=INTERNAL_ERROR, clean=False
+        )
 
 
 if __name__ == "__main__":

@@ -12,19 +12,37 @@ version_added: 0.1.0
 author:
   - gpuops.clean_slate maintainers (@gpuops)
 description:
-  - Finds every process holding the selected GPUs, as the union of the processes NVML lists (compute, graphics, MPS),
-    the holders of the GPUs' device files C(/dev/nvidia<minor>) (through C(/proc/*/fd) and C(/proc/*/maps), which
-    finds forked children NVML never lists), and processes whose command line, name or executable match O(patterns)
-    (which finds renamed workers such as C(sglang::scheduler_TP0) or C(VLLM::Worker_TP1)).
-  - Never signals PID 1 of any namespace, kernel threads, this module and its ancestors (its interpreter, Ansible, sshd,
-    sudo), processes outside the O(containers) scope, or protected daemons (C(nvidia-persistenced), C(nv-hostengine),
-    C(dcgm-exporter), C(nvidia-fabricmanager), C(nvidia-imex), display servers, core system services), whatever the
-    patterns say. Processes that hold device files without mapping them (management clients) are reported, not ended,
-    unless O(kill_management_clients).
+  - Finds every process holding the selected GPUs from the processes NVML lists (compute, graphics, MPS), the holders
+    of the GPUs' device files C(/dev/nvidia<minor>) (through C(/proc/*/fd) and C(/proc/*/maps), which finds forked
+    children NVML never lists), and processes whose command line, name or executable match O(patterns) (which finds
+    renamed workers such as C(sglang::scheduler_TP0) or C(VLLM::Worker_TP1)).
+  - An NVML entry must be corroborated before it is trusted. It is dropped, and listed in RV(ignored) with the reason,
+    when its pid does not exist in this PID namespace (a dead parent whose forked child holds the memory, which the
+    device files find, or a process of another namespace), is a zombie, exits while being inspected, or, with the
+    V(device_files) source on and the process's file descriptors readable, does not hold that GPU's device file (a
+    stale entry, or a pid from another namespace that names an innocent process here). With V(device_files) off or
+    unavailable (no GPU device file in O(device_dir)), or for a process whose file descriptors cannot be read (without
+    C(become)), NVML's word alone is trusted.
+  - Never signals PID 1 of any namespace, kernel threads, this module, its ancestors and the processes it started,
+    any Ansible process on the host (the controller and its workers, C(ansible-connection), async wrappers, other
+    modules, also under C(async)), processes outside the O(containers) scope, or protected daemons
+    (C(nvidia-persistenced), C(nv-hostengine), C(dcgm-exporter), C(nvidia-fabricmanager), C(nvidia-imex), display
+    servers, core system services), whatever the patterns say. A daemon is recognised by its executable
+    (C(/proc/<pid>/exe)), not by the name it gives itself. Processes that hold device files without mapping them
+    (management clients) are reported, not ended, unless O(kill_management_clients).
+  - A protected process that holds GPU memory is listed in RV(protected) with the GPUs and memory it holds, and the
+    module warns, since that GPU cannot come clean while it runs.
   - Sends O(signal) (SIGTERM) to each target, SIGCONT to stopped ones, waits up to O(grace_period), sends SIGKILL to
     survivors and waits up to O(kill_timeout). It returns as soon as the last target has exited.
+  - Then it looks again, and ends in a new round whatever appeared meanwhile (workers a launcher forked during the
+    grace period, a service restarted under it), until a discovery finds nothing or O(deadline) passes. Processes
+    still found then make the module fail with RV(reason=holders_remain).
   - A process is identified by pid and start time and signalled through a pidfd, so a pid reused between discovery
     and signal is never hit.
+  - The module warns when a discovery source it was asked to use is unavailable (NVML cannot be read, the device files
+    are absent or cannot be read). With neither NVML nor device files, only O(patterns) could find processes, and a
+    match by name alone cannot tell a GPU job from anything else of that name; the module then refuses
+    (RV(reason=no_discovery_source)) unless O(allow_name_only=true).
   - It does not wait for GPU memory to be released; use M(gpuops.clean_slate.gpu_mem_verify) after it, as the
     P(gpuops.clean_slate.clean_slate#role) role does.
 extends_documentation_fragment:
@@ -52,20 +70,33 @@ options:
     description:
       - Sources used to find GPU processes besides O(patterns).
       - V(nvml) asks the driver; V(device_files) scans C(/proc) for holders of the device files.
+      - An empty list with no O(patterns) is refused (nothing could be found); an empty list with O(patterns) is
+        matching by name only, which needs O(allow_name_only=true).
     type: list
     elements: str
     choices: [nvml, device_files]
     default: [nvml, device_files]
+  allow_name_only:
+    description:
+      - Allow the kill when no GPU discovery source is available (NVML cannot be read and there are no readable
+        device files, or O(discovery) is empty), so that only O(patterns) find processes.
+      - Without it the module refuses such a run with RV(reason=no_discovery_source), because a name alone cannot
+        tell a GPU job from any other process of that name. With it the module warns and ends what the patterns match.
+      - The role variable C(clean_slate_allow_name_only) feeds it.
+    type: bool
+    default: false
   patterns:
     description:
       - Regular expressions (Python C(re.search)) matched against each process's command line, name (comm) and
         executable path. Matching processes become targets.
+      - An empty pattern is refused, since it would match every process; write V(.*) if that is really meant.
     type: list
     elements: str
     default: []
   users:
     description:
       - Only end processes owned by these users (names or uids). Empty means any user.
+      - A user name or uid that does not exist on the host is refused.
     type: list
     elements: str
     default: []
@@ -82,8 +113,13 @@ options:
     default: false
   protect:
     description:
-      - More process names (shell-style globs matched against comm, executable name and argv[0]) never to signal.
-        They extend the default list.
+      - More programs never to signal, as shell-style globs matched against the basename of the process's executable
+        (C(/proc/<pid>/exe)) and, for a program run by an interpreter (C(python3 /opt/exporter.py)), the script's
+        basename. They extend the default list.
+      - The name a process gives itself (comm, argv[0], a C(setproctitle) title) does not count, so no process can
+        borrow a protected name; it counts only when the executable cannot be read (then the process is protected
+        by name, on the safe side). Proxmox VE's Perl daemons (C(pvedaemon), C(pveproxy), ...) are protected as perl
+        running under their names.
     type: list
     elements: str
     default: []
@@ -111,6 +147,7 @@ options:
     description:
       - Path of the C(pct) command used to resolve O(containers). Found on E(PATH) and in C(/usr/sbin) by default;
         C(lxc-info) is used when there is no C(pct).
+      - When set, it must name an executable file, or the module fails with RV(reason=bad_arguments).
     type: path
   where:
     description:
@@ -126,17 +163,24 @@ options:
     default: TERM
   grace_period:
     description:
-      - Seconds to wait after the first signal before sending SIGKILL.
+      - Seconds to wait after the first signal before sending SIGKILL, from 0 to 86400 (one day).
     type: float
     default: 10
   kill_timeout:
     description:
-      - Seconds to wait after SIGKILL before reporting a process as unkillable.
+      - Seconds to wait after SIGKILL before reporting a process as unkillable, from 0 to 86400 (one day).
     type: float
     default: 10
+  deadline:
+    description:
+      - Seconds from the first signal within which the module may start new rounds, for processes that appeared
+        during the kill, from 0 to 86400 (one day). A later round gets what is left of it as its grace period; SIGKILL
+        always gets O(kill_timeout). Processes still found when it has passed make the module fail.
+      - Unset means twice the sum of O(grace_period) and O(kill_timeout), at most 86400.
+    type: float
   device_dir:
     description:
-      - Directory holding the C(nvidia*) device files.
+      - Directory holding the C(nvidia*) device files. It must exist.
     type: path
     default: /dev
 requirements:
@@ -146,6 +190,10 @@ requirements:
 notes:
   - The module fails, with the process state and kernel wait channel, when a target survives SIGKILL (a task stuck in
     the driver, state D); only a reboot or GPU reset frees such a process.
+  - Numbers that are not finite (V(nan), V(inf)) or out of range, a O(device_dir) that does not exist and a O(pct_path)
+    that names no executable are refused with RV(reason=bad_arguments), naming the option, before anything is signalled.
+  - Every failure carries RV(reason). A failure after signals were sent still lists, in RV(targets), every signal sent.
+  - Safe under C(async); the guide's section on running it safely explains how Ansible's processes are recognised.
 seealso:
   - module: gpuops.clean_slate.gpu_mem_verify
 """
@@ -200,6 +248,17 @@ EXAMPLES = r"""
   diff: true
   register: plan
 
+- name: On a host whose driver cannot be read, end the SGLang workers by name only
+  gpuops.clean_slate.gpu_procs_kill:
+    patterns: ['^sglang::']
+    allow_name_only: true
+
+- name: Give a launcher's late workers up to a minute in all
+  gpuops.clean_slate.gpu_procs_kill:
+    patterns: ['torchrun']
+    include_children: true
+    deadline: 60
+
 - name: Use a device directory other than /dev
   gpuops.clean_slate.gpu_procs_kill:
     device_dir: /run/nvidia/driver/dev
@@ -252,6 +311,11 @@ targets:
       type: list
       elements: str
       sample: [TERM, KILL]
+    round:
+      description: The round that found it; V(1) for what the first discovery found, more for a process that appeared
+        during the kill (a worker a launcher forked in the grace period). Null in check mode.
+      type: int
+      sample: 1
     outcome:
       description: V(terminated) (after the first signal), V(killed) (after SIGKILL), V(vanished) (gone before it was
         signalled), V(unkillable) (alive after SIGKILL), or null in check mode.
@@ -270,11 +334,29 @@ targets:
       type: str
       sample: __refrigerator
 protected:
-  description: Processes found but never signalled, with why.
+  description:
+    - Processes found but never signalled, with why.
+    - One that holds GPU memory also has C(gpus), C(used_mib) and C(holds_gpu_memory=true); its GPUs cannot come clean
+      while it runs.
   returned: always
   type: list
   elements: dict
   sample: [{"pid": 812, "name": "nvidia-persiste", "cmdline": "nvidia-persistenced", "why": "protected daemon (nvidia-persistenced)", "container": null}]
+remaining:
+  description: Processes still found when O(deadline) had passed (something keeps starting them), as target records.
+  returned: when the module fails with RV(reason=holders_remain)
+  type: list
+  elements: dict
+  sample: [{"pid": 5120, "name": "sglang::schedul", "reasons": ["holds nvidia0 (fd+mmap)"]}]
+reason:
+  description:
+    - Why the module failed. V(bad_arguments) (refused before anything was signalled), V(no_discovery_source) (no
+      GPU discovery source and no O(allow_name_only)), V(unkillable) (a target survived SIGKILL), V(holders_remain)
+      (processes still found after O(deadline)), V(not_running)/V(no_such_container) (O(containers)),
+      V(missing_library), V(internal_error), or an NVML diagnosis when selecting GPUs needs the driver.
+  returned: failure
+  type: str
+  sample: holders_remain
 ignored:
   description: Processes or NVML entries left alone for another reason (stale NVML pid, other user, filtered by O(where)).
   returned: always
@@ -285,10 +367,13 @@ ignored:
       gpu: 0
       why: listed by NVML but does not exist here (a dead parent whose forked child holds the memory, or a process in another PID namespace)
 summary:
-  description: Counts of outcomes and of the signals sent.
+  description:
+    - Counts of outcomes and of the signals sent, the number of rounds, and how many targets appeared during the kill
+      (found after the first round).
+    - V(vanished) counts targets that had exited before their first signal; they are not counted as ended.
   returned: always
   type: dict
-  sample: {"terminated": 7, "killed": 2, "vanished": 0, "unkillable": 0, "signals": {"TERM": 9, "KILL": 2}}
+  sample: {"terminated": 7, "killed": 2, "vanished": 0, "unkillable": 0, "signals": {"TERM": 9, "KILL": 2}, "rounds": 1, "respawned": 0}
 notes:
   description: Caveats (processes that could not be inspected, NVML unavailable, ...).
   returned: always
@@ -312,25 +397,28 @@ elapsed_s:
   sample: 0.21
 """
 
+import dataclasses
 import datetime
 import time
 import traceback
+import typing as t
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _procs, _scope, _signals
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _kill, _nvml, _procs, _scope, _signals
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
+MISSING_LIBRARY = "missing_library"
+INTERNAL_ERROR = "internal_error"
 
-def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
-    """Validate every option and gather NVML facts; raises before anything is signalled."""
+
+def build_request(module: AnsibleModule, notes: list, warnings: list) -> tuple[_procs.Request, t.Callable[[], _procs.Request]]:
+    """Validate every option and gather NVML facts; raises before anything is signalled.
+
+    Returns the request and a function giving it again with NVML's process lists re-read, for later rounds.
+    """
     p = module.params
-    for name in ("grace_period", "kill_timeout"):
-        if p[name] < 0:
-            raise CleanSlateError(f"{name} must be >= 0 seconds, got {p[name]}.", reason="bad_arguments")
-    for vmid in p["containers"]:
-        if not 100 <= vmid <= 999999999:
-            raise CleanSlateError(f"containers: {vmid} is not a valid Proxmox vmid (100-999999999).", reason="bad_arguments")
+    _kill.validate(p)
     selectors = _nvml.parse_gpu_selectors(p["gpus"])
     patterns = _procs.compile_patterns(p["patterns"])
     users = _procs.resolve_users(p["users"])
@@ -341,25 +429,30 @@ def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
         try:
             import jmespath
         except ImportError:
-            module.fail_json(msg=missing_required_lib("jmespath"), exception=traceback.format_exc())
+            module.fail_json(msg=missing_required_lib("jmespath"), exception=traceback.format_exc(), reason=MISSING_LIBRARY)
         try:
             where = jmespath.compile(p["where"])
         except jmespath.exceptions.JMESPathError as exc:
             raise CleanSlateError(f"where: {p['where']!r} is not a valid JMESPath expression: {exc}", reason="bad_arguments") from None
 
-    every, gpus, processes = _nvml.gpus_and_processes(selectors, "nvml" in p["discovery"], p["device_dir"], notes)
+    use_nvml = "nvml" in p["discovery"]
+    facts = _nvml.gpus_and_processes(selectors, use_nvml, p["device_dir"], notes)
+    files_ok = _kill.sources(p, facts, patterns, warnings)
     scopes = []
     if p["containers"]:
         pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
         lxc_info = None if pct else module.get_bin_path("lxc-info", opt_dirs=["/usr/bin", "/usr/sbin"])
-        scopes = _scope.resolve(p["containers"], lambda argv, data, binary: module.run_command(argv, data=data, binary_data=binary), pct, lxc_info)
-    return _procs.Request(
-        gpus=gpus,
+        # Nothing of ours is ever expanded on the host: the vmid and pct's words go through as given.
+        scopes = _scope.resolve(
+            p["containers"], lambda argv, data, binary: module.run_command(argv, data=data, binary_data=binary, expand_user_and_vars=False), pct, lxc_info
+        )
+    request = _procs.Request(
+        gpus=facts.selected,
         all_gpus=not selectors,
-        nvml_processes=processes,
-        every_gpu=every,
-        use_nvml="nvml" in p["discovery"],
-        use_device_files="device_files" in p["discovery"],
+        nvml_processes=facts.processes,
+        every_gpu=facts.every,
+        use_nvml=use_nvml,
+        use_device_files=files_ok,
         patterns=patterns,
         users=users,
         include_children=p["include_children"],
@@ -371,67 +464,73 @@ def build_request(module: AnsibleModule, notes: list) -> _procs.Request:
         where=where,
     )
 
+    def fresh() -> _procs.Request:
+        if not use_nvml or facts.nvml_problem:
+            return request
+        again = _nvml.gpus_and_processes(selectors, True, p["device_dir"], [])
+        return dataclasses.replace(request, nvml_processes=again.processes)
+
+    return request, fresh
+
 
 def run(module: AnsibleModule) -> dict:
     start = time.monotonic()
     started = datetime.datetime.now()
     p = module.params
     notes: list = []
-    request = build_request(module, notes)
-    plan = _procs.discover(request)
-    notes.extend(plan.notes)
-    victims = {c.pid: _signals.Victim(pid=c.pid, identity=c.identity) for c in plan.targets}
-    before = [f"{c.pid} {c.facts.comm}" for c in plan.targets]
-    if plan.targets and not module.check_mode:
-        victims = {c.pid: _signals.pin(c.pid, c.identity) for c in plan.targets}
-        _signals.escalate(list(victims.values()), first=p["signal"], grace_period=p["grace_period"], kill_timeout=p["kill_timeout"])
-    targets = []
-    for c in plan.targets:
-        v = victims[c.pid]
-        rec = c.record()
-        rec.update(signals_sent=v.signals_sent, outcome=v.outcome, seconds=v.seconds)
-        if v.outcome == "unkillable":
-            rec.update(state=v.state, wchan=v.wchan)
-        targets.append(rec)
-    counts: dict = {k: sum(1 for x in targets if x["outcome"] == k) for k in ("terminated", "killed", "vanished", "unkillable")}
-    signals: dict = {}
-    for x in targets:
-        for s in x["signals_sent"]:
-            signals[s] = signals.get(s, 0) + 1
-    counts["signals"] = signals
-    changed = bool(signals) if not module.check_mode else bool(plan.targets)
-    result = {
-        "changed": changed,
-        "targets": targets,
-        "protected": plan.protected,
-        "ignored": plan.ignored,
-        "summary": counts,
-        "notes": notes,
-        "elapsed_s": round(time.monotonic() - start, 4),
-        "start": str(started),
-        "end": str(datetime.datetime.now()),
-    }
-    if module._diff:  # pylint: disable=protected-access
-        survivors = [f"{x['pid']} {x['name']}" for x in targets if x["outcome"] == "unkillable"]
-        result["diff"] = {"before": "\n".join(before) + ("\n" if before else ""), "after": "\n".join(survivors) + ("\n" if survivors else "")}
-    verb = "would end" if module.check_mode else "ended"
-    result["msg"] = f"{verb} {len(targets)} process(es); {len(plan.protected)} protected"
-    stuck = [x for x in targets if x["outcome"] == "unkillable"]
-    if stuck:
-        detail = "; ".join(f"PID {x['pid']} ({x['name']}) in state {x.get('state')} waiting in {x.get('wchan') or '?'}" for x in stuck)
-        result["msg"] = (
-            f"{len(stuck)} process(es) survived SIGKILL after {p['kill_timeout']} s: {detail}. They are stuck in the kernel"
-            " (often the NVIDIA driver); only a GPU reset or a reboot frees them."
-        )
-        module.fail_json(**result)
-    return result
+    warnings: list = []
+    request, fresh = build_request(module, notes, warnings)
+    deadline = p["deadline"] if p["deadline"] is not None else min(_checks.MAX_SECONDS, 2 * (p["grace_period"] + p["kill_timeout"]))
+    discoveries = [0]
+
+    def discover() -> _procs.Plan:
+        discoveries[0] += 1
+        return _procs.discover(request if discoveries[0] == 1 else fresh())
+
+    kill = _kill.Kill(discover, first=p["signal"], grace_period=p["grace_period"], kill_timeout=p["kill_timeout"], deadline=deadline)
+    try:
+        if module.check_mode:
+            plan = kill.discover()
+            ended = [_kill.Ended(c, _signals.Victim(pid=c.pid, identity=c.identity), 0) for c in plan.targets]
+        else:
+            kill.run()
+            ended = kill.ended
+        notes.extend(n for n in kill.notes if n not in notes)
+        elapsed = time.monotonic() - start
+        diff = module._diff  # pylint: disable=protected-access
+        result, reason, warnings = _kill.outcome(kill, ended, module.check_mode, p["kill_timeout"], elapsed, notes, warnings, diff)
+        result.update(start=str(started), end=str(datetime.datetime.now()))
+        for warning in warnings:
+            module.warn(warning)
+        if reason:
+            module.fail_json(reason=reason, **result)
+        return result
+    except CleanSlateError as exc:
+        if kill.ended:
+            # Whatever failed, the operator must see every signal that was sent.
+            exc.details.setdefault("targets", kill.targets())
+            exc.details.setdefault("protected", kill.protected)
+        raise
+    except Exception as exc:
+        if not kill.ended:
+            raise
+        sent = sum(len(e.victim.signals_sent) for e in kill.ended)
+        raise CleanSlateError(
+            f"gpu_procs_kill failed unexpectedly after it had sent {sent} signal(s) to {len(kill.ended)} process(es): {exc}. targets lists every"
+            " signal sent; run the task again to finish, and report this bug.",
+            reason=INTERNAL_ERROR,
+            targets=kill.targets(),
+            protected=kill.protected,
+            exception=traceback.format_exc(),
+        ) from None
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = _checks.Module(
         argument_spec={
             "gpus": {"type": "list", "elements": "raw", "default": []},
             "discovery": {"type": "list", "elements": "str", "choices": ["nvml", "device_files"], "default": ["nvml", "device_files"]},
+            "allow_name_only": {"type": "bool", "default": False},
             "patterns": {"type": "list", "elements": "str", "default": []},
             "users": {"type": "list", "elements": "str", "default": []},
             "include_children": {"type": "bool", "default": False},
@@ -445,18 +544,19 @@ def main() -> None:
             "signal": {"type": "str", "choices": ["TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "KILL"], "default": "TERM"},
             "grace_period": {"type": "float", "default": 10},
             "kill_timeout": {"type": "float", "default": 10},
+            "deadline": {"type": "float"},
             "device_dir": {"type": "path", "default": "/dev"},
         },
         supports_check_mode=True,
-    )
+    ).ready()
     if not _signals.HAS_PSUTIL:
-        module.fail_json(msg=missing_required_lib("psutil"))
+        module.fail_json(msg=missing_required_lib("psutil"), reason=MISSING_LIBRARY)
     try:
         module.exit_json(**run(module))
     except CleanSlateError as exc:
-        module.fail_json(targets=[], protected=[], **exc.result())
+        module.fail_json(**{"targets": [], "protected": [], **exc.result()})
     except Exception as exc:  # pylint: disable=broad-exception-caught
-        module.fail_json(msg=f"gpu_procs_kill failed unexpectedly: {exc}", exception=traceback.format_exc(), reason="internal_error", targets=[])
+        module.fail_json(msg=f"gpu_procs_kill failed unexpectedly: {exc}", exception=traceback.format_exc(), reason=INTERNAL_ERROR, targets=[])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ description:
   - The command line is built as a list and never parsed by a shell on the node; pct's own options come before C(--),
     the command after it, so arguments with spaces, quotes, command substitutions, leading dashes or any Unicode reach the container
     unchanged. O(command) is the one place a shell runs, C(/bin/sh -c) inside the container.
+  - Nothing is expanded on the node either, unlike M(ansible.builtin.command). C($VAR), C(${VAR}) and C(~) in O(argv),
+    O(command), O(env) values, O(chdir), O(creates) and O(removes) reach the container as written (where the shell of
+    O(command) may expand them with the container's own environment), so the node's environment never leaks into the
+    container. RV(cmd) is exactly the command line that ran.
   - Checks the container with C(pct status) first and reports pct's own failures with a RV(reason) (V(no_such_container),
     V(not_running), V(bad_arguments), V(pct_failed)) recognised from pct's messages, instead of guessing from exit code
     255, which pct and the command share. A command that fails gives V(command_failed); one that runs past O(timeout)
@@ -57,8 +61,8 @@ options:
     type: str
   chdir:
     description:
-      - Directory inside the container to run the command in.
-    type: path
+      - Directory inside the container to run the command in, as written (not expanded on the node).
+    type: str
   env:
     description:
       - Environment variables to set for the command inside the container, through C(env(1)).
@@ -79,11 +83,12 @@ options:
       - Seconds the command may run. It is enforced inside the container with C(timeout), so the command is stopped
         where it runs; after O(kill_after) more seconds it is killed with SIGKILL.
       - Needs C(timeout) (coreutils or busybox) inside the container.
-      - Unset means no limit.
+      - From 1 to 86400 (one day). Unset means no limit.
     type: int
   kill_after:
     description:
-      - Seconds between the SIGTERM at O(timeout) and a SIGKILL if the command is still running. V(0) never sends SIGKILL.
+      - Seconds between the SIGTERM at O(timeout) and a SIGKILL if the command is still running, from 0 to 3600.
+        V(0) never sends SIGKILL.
     type: int
     default: 5
   keep_env:
@@ -105,6 +110,7 @@ options:
   pct_path:
     description:
       - Path of the C(pct) binary. By default C(pct) is looked up in E(PATH) and C(/usr/sbin).
+      - When set, it must name an executable file, or the module fails with RV(reason=bad_arguments) naming the path.
     type: path
   node:
     description:
@@ -206,7 +212,7 @@ elapsed_s:
   type: float
   sample: 0.41
 cmd:
-  description: The command line run on the node, as a list.
+  description: The command line run on the node, as a list, exactly as it ran (nothing in it was expanded).
   returned: always
   type: list
   elements: str
@@ -215,8 +221,9 @@ reason:
   description:
     - Why the module failed.
     - V(no_such_container) (not on this node, including a container of another cluster node), V(not_running),
-      V(bad_arguments) (rejected before running, or by pct), V(timeout), V(command_failed) (non-zero exit status),
-      V(pct_failed) (pct or sudo failed otherwise).
+      V(bad_arguments) (rejected before running, including a O(pct_path) that names no executable, or by pct),
+      V(timeout), V(command_failed) (non-zero exit status), V(pct_failed) (pct or sudo failed otherwise, or there is
+      no pct on the node).
   returned: failure
   type: str
   sample: not_running
@@ -230,19 +237,18 @@ msg:
 import os
 import typing as t
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._pct import PctExec, local_node_name, validate_vmid
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = _checks.Module(
         argument_spec={
             "vmid": {"type": "int", "required": True},
             "argv": {"type": "list", "elements": "str"},
             "command": {"type": "str"},
-            "chdir": {"type": "path"},
+            "chdir": {"type": "str"},
             "env": {"type": "dict", "default": {}},
             "stdin": {"type": "str"},
             "stdin_add_newline": {"type": "bool", "default": True},
@@ -257,22 +263,32 @@ def main() -> None:
         mutually_exclusive=[("argv", "command")],
         required_one_of=[("argv", "command")],
         supports_check_mode=True,
-    )
+    ).ready()
     p = module.params
     vmid = p["vmid"]
     try:
         # Rejected before anything runs on the node.
         validate_vmid(vmid)
+        _checks.number("timeout", p["timeout"], 1, _checks.MAX_SECONDS, unit="seconds")
+        _checks.number("kill_after", p["kill_after"], 0, 3600, unit="seconds")
+        _checks.executable("pct_path", p["pct_path"])
         argv: list[str] = list(p["argv"]) if p["argv"] is not None else ["/bin/sh", "-c", p["command"]]
         pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
         if not pct:
             raise CleanSlateError("pct not found in PATH or /usr/sbin: is this a Proxmox VE node? (set pct_path otherwise)", reason="pct_failed", vmid=vmid)
         sudo: list[str] = []
         if os.geteuid() != 0:
-            sudo = [module.get_bin_path("sudo", required=True), "-n"]
+            found = module.get_bin_path("sudo")
+            if not found:
+                raise CleanSlateError(
+                    "pct needs root, and this user is not root and there is no sudo; connect as root or install sudo.", reason="pct_failed", vmid=vmid
+                )
+            sudo = [found, "-n"]
 
         def run_command(cmd: list[str], data: str | None, binary_data: bool) -> tuple[int, str, str]:
-            rc, out, err = module.run_command(cmd, data=data, binary_data=binary_data)
+            # run_command expands $VAR and ~ in every word by default, with the node's environment: the user's
+            # words must reach the container as written, and cmd must be what ran.
+            rc, out, err = module.run_command(cmd, data=data, binary_data=binary_data, expand_user_and_vars=False)
             return rc, out, err
 
         runner = PctExec(pct, run_command, sudo=sudo, node=p["node"] or local_node_name())

@@ -28,7 +28,7 @@ def test_idle_h200_reads_clean_not_615_mib_dirty(mod) -> None:
 def test_live_worker_is_dirty_and_named(mod, node, sandbox) -> None:
     w = sandbox.spawn_worker(gpus=[3], mib=20000, title="sglang::scheduler_TP0")
     r = mod("gpu_mem_verify", {"timeout": 0.3})
-    assert r["_status"] == "failed"
+    assert (r["_status"], r["reason"]) == ("failed", "not_clean")
     assert r["clean"] is False and r["clean_count"] == 7
     g3 = r["gpus"][3]
     assert g3["used_mib"] == 20000 and g3["diagnosis"] == "busy"
@@ -75,7 +75,7 @@ def test_driver_faults_give_a_diagnosis(mod, node, fault, diagnosis, words) -> N
     node.set_fault(**fault)
     r = mod("gpu_mem_verify")
     assert r["_status"] == "failed"
-    assert r["diagnosis"] == diagnosis and words in r["msg"]
+    assert r["diagnosis"] == r["reason"] == diagnosis and words in r["msg"]
     assert r["gpus"] == [] and r["clean"] is False
     assert_no_traceback(r)
 
@@ -83,7 +83,7 @@ def test_driver_faults_give_a_diagnosis(mod, node, fault, diagnosis, words) -> N
 def test_missing_library_gives_a_diagnosis(mod) -> None:
     r = mod("gpu_mem_verify", library=False)
     assert r["_status"] == "failed"
-    assert r["diagnosis"] == "library_not_found"
+    assert r["diagnosis"] == r["reason"] == "library_not_found"
     assert "libnvidia-ml.so.1 was not found" in r["msg"]
     assert_no_traceback(r)
 
@@ -190,25 +190,50 @@ def test_subset_by_index_uuid_and_device(mod, sandbox) -> None:
 
 def test_expected_count_mismatch_fails(mod) -> None:
     r = mod("gpu_mem_verify", {"expected_count": 9})
-    assert r["_status"] == "failed"
+    assert (r["_status"], r["reason"]) == ("failed", "missing_gpus")
     assert "expected 9 GPUs, found 8 healthy of 8" in r["msg"]
+
+
+def test_a_device_dir_without_gpu_files_is_a_warning(mod, sandbox, tmp_path) -> None:
+    # The forked child NVML does not list can only be named through its device files.
+    w = sandbox.spawn_worker(gpus=[6], mib=12000, fork_child=True)
+    assert wait_for(lambda: not w.alive()) and w.child_alive()
+    (tmp_path / "dev").mkdir()
+    r = mod("gpu_mem_verify", {"timeout": 0.1, "device_dir": str(tmp_path / "dev")})
+    assert r["_status"] == "failed"
+    assert any(x.startswith("The GPU device files cannot be used (") and "holds no GPU device file" in x for x in r["warnings"]), r.get("warnings")
+    assert str(w.child_ns_pid) not in r["gpus"][6]["detail"]
+    r = mod("gpu_mem_verify", {"timeout": 0.1})
+    assert not r.get("warnings") and f"{w.child_ns_pid} (" in r["gpus"][6]["detail"]
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({"timeout": -1}, "timeout must be >= 0"),
+        ({"timeout": -1}, "timeout must be from 0 to 86400 seconds, got -1."),
+        # Not finite or beyond a day: these used to hang (timeout nan, inf) or busy-loop (interval nan).
+        ({"timeout": "nan"}, "timeout must be a finite number from 0 to 86400 seconds, got nan."),
+        ({"timeout": "inf"}, "timeout must be a finite number from 0 to 86400 seconds, got inf."),
+        ({"timeout": 86401}, "timeout must be from 0 to 86400 seconds, got 86401."),
+        ({"interval": "nan"}, "interval must be a finite number from 0.001 to 60 seconds, got nan."),
+        ({"interval": "inf"}, "interval must be a finite number from 0.001 to 60 seconds, got inf."),
+        ({"interval": 61}, "interval must be from 0.001 to 60 seconds, got 61."),
+        ({"expected_count": 5000}, "expected_count must be from 0 to 1024, got 5000."),
+        ({"max_used_mib": 2**40}, "max_used_mib must be from 0 to 1048576 MiB"),
+        ({"device_dir": "/nonexistent/dev"}, "device_dir: /nonexistent/dev does not exist on this host"),
+        ({"fail_on_dirty": "maybe"}, "fail_on_dirty"),
         ({"gpus": [9]}, "gpus: GPU index 9 does not exist; this host has 8 GPU(s) (indices 0-7)"),
         ({"gpus": ["GPU-zz"]}, "gpus: 'GPU-zz' is neither a GPU index"),
-        ({"max_used_mib": -5}, "max_used_mib must be >= 0"),
-        ({"interval": 0}, "interval must be > 0"),
+        ({"max_used_mib": -5}, "max_used_mib must be from 0 to 1048576 MiB, got -5."),
+        ({"interval": 0}, "interval must be from 0.001 to 60 seconds, got 0."),
         ({"gpus": ["GPU-99999999-1111-2222-3333-444444444444"]}, "gpus: no GPU on this host has UUID"),
     ],
 )
 def test_bad_input_names_the_option(mod, args, message) -> None:
     r = mod("gpu_mem_verify", args)
     assert r["_status"] == "failed"
-    assert message in r["msg"]
+    assert message in r["msg"], r["msg"]
+    assert r["reason"] == "bad_arguments"
     assert_no_traceback(r)
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
+from gpusim import paths
+from support.ansible import local_play, run_playbook
 from support.modules import ModuleRunner, assert_no_traceback, wait_for
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
@@ -42,9 +45,11 @@ def test_renamed_sglang_and_vllm_workers_are_found_and_ended(mod, node, sandbox)
 def test_renamed_workers_are_found_by_pattern_alone(mod, sandbox) -> None:
     # Without NVML and device files, only the pattern finds them: proof that it matches the rewritten cmdline.
     w = sandbox.spawn_worker(gpus=[0], mib=1000, title="sglang::scheduler_TP0")
-    r = mod("gpu_procs_kill", {"patterns": ["sglang::"], "discovery": [], **FAST})
+    r = mod("gpu_procs_kill", {"patterns": ["sglang::"], "discovery": [], "allow_name_only": True, **FAST})
     assert by_pid(r)[w.ns_pid]["reasons"] == ["matches pattern 'sglang::'"]
     assert not w.alive()
+    # Name-only matching is allowed explicitly, and said out loud.
+    assert any("processes are ended by name only" in x for x in r["warnings"])
 
 
 def test_forked_child_found_through_the_device_file(mod, node, sandbox) -> None:
@@ -148,12 +153,24 @@ def test_stopped_worker_ends_on_sigterm_thanks_to_sigcont(mod, sandbox) -> None:
     assert not w.alive()
 
 
-def test_protected_daemons_management_clients_module_and_ansible_survive_a_catch_all(mod, node, sandbox) -> None:
+def under_async(node, sandbox, args: dict) -> dict:
+    """gpu_procs_kill through ansible-playbook in the sandbox, as an async task polled every second."""
+    task = {"name": "Kill under async", "gpuops.clean_slate.gpu_procs_kill": {"device_dir": str(node.dev_dir), **args}, "async": 120, "poll": 1}
+    env = node.env()
+    env["PATH"] = f"{node.bin_dir}:{os.environ.get('PATH', '')}"
+    run = run_playbook(local_play([task]), inventory="localhost,", env=env, wrapper=sandbox.nsenter_prefix())
+    record = run.task("Kill under async")
+    return {**record["result"], "_status": record["status"], "_run": run}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_protected_daemons_management_clients_module_and_ansible_survive_a_catch_all(mod, node, sandbox, mode) -> None:
     daemons = {name: node.spawn_daemon(name, sandbox=sandbox) for name in ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")}
     mgmt = sandbox.spawn_worker(gpus=[0], hold_only=True, mib=0)
     nvml_client = sandbox.spawn_worker(gpus=[1], nvml=True, mib=0)
     worker = sandbox.spawn_worker(gpus=[3], mib=20000, title="python3 -m sglang.launch_server")
-    r = mod("gpu_procs_kill", {"patterns": ["python3", ".*"], "discovery": ["nvml", "device_files"], **FAST})
+    args = {"patterns": ["python3", ".*"], "discovery": ["nvml", "device_files"], **FAST}
+    r = mod("gpu_procs_kill", args) if mode == "sync" else under_async(node, sandbox, args)
     assert r["_status"] == "ok", r
     assert not worker.alive()
     for name, d in daemons.items():
@@ -168,6 +185,9 @@ def test_protected_daemons_management_clients_module_and_ansible_survive_a_catch
     whys = set(protected.values())
     assert "this module's own process" in whys
     assert "an ancestor of this module (its interpreter, Ansible, sshd or the become chain)" in whys
+    if mode == "async":
+        # Detached from the controller, which is no longer an ancestor and is protected as what it is.
+        assert any(w.startswith("an Ansible program (ansible-playbook") for w in whys), whys
     # The Ansible run itself came back: the controller and the module survived.
     assert r["_run"].rc == 0
     targets = {t["pid"] for t in r["targets"]}
@@ -203,7 +223,7 @@ def test_children_of_a_match_are_included(mod, node, sandbox) -> None:
     script = f"import subprocess; subprocess.run({worker})  # torchrun-launcher"
     launcher = sandbox.popen(["python3", "-c", script])
     assert wait_for(lambda: any(c["gpu"] == 4 for c in node.contexts()))
-    r = mod("gpu_procs_kill", {"patterns": ["torchrun-launcher"], "include_children": True, "discovery": [], **FAST})
+    r = mod("gpu_procs_kill", {"patterns": ["torchrun-launcher"], "include_children": True, "discovery": [], "allow_name_only": True, **FAST})
     reasons = sorted(t["reasons"][0] for t in r["targets"])
     assert len(reasons) == 2
     assert reasons[0].startswith("descendant of PID ") and reasons[1] == "matches pattern 'torchrun-launcher'"
@@ -212,7 +232,7 @@ def test_children_of_a_match_are_included(mod, node, sandbox) -> None:
     # Without include_children the child is left alone.
     launcher = sandbox.popen(["python3", "-c", script])
     assert wait_for(lambda: any(c["gpu"] == 4 for c in node.contexts()))
-    r = mod("gpu_procs_kill", {"patterns": ["torchrun-launcher"], "discovery": [], **FAST})
+    r = mod("gpu_procs_kill", {"patterns": ["torchrun-launcher"], "discovery": [], "allow_name_only": True, **FAST})
     assert [t["reasons"] for t in r["targets"]] == [["matches pattern 'torchrun-launcher'"]]
     assert any(c["gpu"] == 4 for c in node.contexts())
 
@@ -240,13 +260,32 @@ def test_second_run_reports_no_change(mod, sandbox) -> None:
     ("args", "message"),
     [
         ({"patterns": ["sglang(("]}, "patterns: 'sglang((' is not a valid regular expression"),
-        ({"grace_period": -1}, "grace_period must be >= 0 seconds"),
+        ({"grace_period": -1}, "grace_period must be from 0 to 86400 seconds, got -1"),
         ({"gpus": [12]}, "gpus: GPU index 12 does not exist"),
         ({"where": "[?used_mib >"}, "where: '[?used_mib >' is not a valid JMESPath expression"),
         ({"where": "length(@)"}, "where: the expression must return a list of candidate records"),
         ({"containers": [999]}, "containers: container 999 does not exist on"),
         ({"containers": [42]}, "containers: 42 is not a valid Proxmox vmid"),
         ({"unprotect": ["python3"]}, "unprotect: python3 is not in the default protect list"),
+        # Not finite, or beyond the documented day: refused before the first signal (they used to be accepted,
+        # signalled, then crashed with targets: []).
+        ({"grace_period": "nan"}, "grace_period must be a finite number from 0 to 86400 seconds, got nan"),
+        ({"grace_period": "inf"}, "grace_period must be a finite number from 0 to 86400 seconds, got inf"),
+        ({"kill_timeout": "nan"}, "kill_timeout must be a finite number from 0 to 86400 seconds, got nan"),
+        ({"kill_timeout": 2200000}, "kill_timeout must be from 0 to 86400 seconds, got 2200000"),
+        ({"grace_period": 86400.5}, "grace_period must be from 0 to 86400 seconds, got 86400.5"),
+        ({"deadline": "-inf"}, "deadline must be a finite number from 0 to 86400 seconds, got -inf"),
+        ({"device_dir": "/nonexistent/dev"}, "device_dir: /nonexistent/dev does not exist on this host"),
+        ({"device_dir": "/etc/hostname"}, "device_dir: /etc/hostname is not a directory"),
+        ({"containers": [129], "pct_path": "/nonexistent/pct"}, "pct_path: /nonexistent/pct does not exist on this host"),
+        ({"pct_path": "/etc"}, "pct_path: /etc is not an executable file"),
+        ({"patterns": ["sglang", ""]}, "patterns: an empty pattern matches every process"),
+        ({"discovery": []}, "discovery is empty and no patterns are given"),
+        ({"users": ["987654"]}, "users: no user with uid 987654 on this host"),
+        ({"users": ["no-such-user-x"]}, "users: no user named 'no-such-user-x' on this host"),
+        # Ansible's own argument checks fail with a reason too.
+        ({"signal": "FOO"}, "value of signal must be one of"),
+        ({"grace_period": "soon"}, "grace_period"),
     ],
 )
 def test_bad_input_fails_clearly_and_signals_nothing(mod, node, sandbox, tmp_path, args, message) -> None:
@@ -256,6 +295,7 @@ def test_bad_input_fails_clearly_and_signals_nothing(mod, node, sandbox, tmp_pat
     r = mod("gpu_procs_kill", args, env=env)
     assert r["_status"] == "failed"
     assert message in r["msg"], r["msg"]
+    assert r["reason"] in ("bad_arguments", "no_such_container"), r
     assert r.get("targets", []) == []
     assert w.alive()
     assert_no_traceback(r)
@@ -270,7 +310,7 @@ def test_process_stuck_in_d_state_is_reported_unkillable(mod, sandbox) -> None:
         (group / "cgroup.procs").write_text(str(w.pid))
         (group / "freezer.state").write_text("FROZEN")
         r = mod("gpu_procs_kill", {"grace_period": 0.2, "kill_timeout": 0.5})
-        assert r["_status"] == "failed"
+        assert r["_status"] == "failed" and r["reason"] == "unkillable"
         t = by_pid(r)[w.ns_pid]
         assert t["outcome"] == "unkillable" and t["state"] == "D" and t["wchan"]
         assert f"PID {w.ns_pid}" in r["msg"] and "state D" in r["msg"]
@@ -314,3 +354,143 @@ def test_container_scope_ends_only_that_containers_processes(node, tmp_path) -> 
     finally:
         ct129.stop()
         ct130.stop()
+
+
+# --------------------------------------------------------------------------- protection follows the executable
+
+
+def test_a_borrowed_daemon_name_protects_nothing(mod, node, sandbox) -> None:
+    """exec -a and a title (cut to 15 characters in comm) cannot borrow nvidia-persistenced's protection."""
+    titled = sandbox.spawn_worker(gpus=[0], mib=30000, title="nvidia-persistenced")
+    worker = f"{node.bin_dir}/gpusim-worker --state {node.state_dir} --gpu 1 --mib 30000"
+    execa = sandbox.popen(["bash", "-c", f"exec -a nvidia-persistenced {worker}"])
+    assert wait_for(lambda: any(c["gpu"] == 1 for c in node.contexts()))
+    r = mod("gpu_procs_kill", {"patterns": [".*"], **FAST})
+    assert r["_status"] == "ok", r
+    names = {t["pid"]: (t["name"], t["cmdline"]) for t in r["targets"]}
+    assert names[titled.ns_pid] == ("nvidia-persiste", "nvidia-persistenced")
+    assert any(cmd.startswith("nvidia-persistenced --state") for _name, cmd in names.values()), names
+    assert not any("nvidia-persistenced" in p["why"] for p in r["protected"]), [p for p in r["protected"] if "nvidia" in p["why"]]
+    assert not titled.alive()
+    execa.wait(timeout=5)
+    node.wait_clean(timeout=5)
+
+
+def test_a_real_daemon_holding_gpu_memory_is_protected_and_reported_by_both_modules(mod, node, sandbox) -> None:
+    exe = node.state_dir / "bin" / "nvidia-persistenced"
+    shutil.copy2(paths.WORKER, exe)
+    daemon = sandbox.spawn_worker(gpus=[3], mib=30000, executable=exe)
+    r = mod("gpu_procs_kill", {"patterns": [".*"], **FAST})
+    assert r["_status"] == "ok", r
+    assert daemon.alive(), ([t for t in r["targets"] if t["pid"] == daemon.ns_pid], r["protected"])
+    rec = {p["pid"]: p for p in r["protected"]}[daemon.ns_pid]
+    assert rec["why"] == "protected daemon (nvidia-persistenced)"
+    assert (rec["holds_gpu_memory"], rec["gpus"], rec["used_mib"]) == (True, [3], 30000)
+    assert any(w.startswith(f"PID {daemon.ns_pid} (nvidia-persiste) holds 30000 MiB on GPU 3 and is not ended") for w in r["warnings"]), r["warnings"]
+    assert "1 of them holding GPU memory" in r["msg"]
+    v = mod("gpu_mem_verify", {"timeout": 0.2})
+    assert (v["_status"], v["reason"]) == ("failed", "not_clean")
+    g3 = v["gpus"][3]
+    assert g3["diagnosis"] == "held_by_protected"
+    assert f"held by protected daemon PID(s) {daemon.ns_pid} (nvidia-persistenced)" in g3["detail"]
+    assert "unprotect" in g3["detail"]
+    assert [g["diagnosis"] for i, g in enumerate(v["gpus"]) if i != 3] == ["clean"] * 7
+
+
+# --------------------------------------------------------------------------- processes born during the kill
+
+LAUNCHER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ignored here, and so in every worker it starts
+worker = sys.argv[1:]
+while True:  # respawn-launcher
+    subprocess.Popen(worker)
+    time.sleep(0.1)
+"""
+
+
+def start_launcher(node, sandbox, title: str):
+    argv = [str(paths.WORKER), "--state", str(node.state_dir), "--gpu", "0", "--mib", "100", "--title", title]
+    launcher = sandbox.popen(["python3", "-c", LAUNCHER, *argv])
+    assert wait_for(lambda: len(node.contexts()) >= 3)
+    return launcher
+
+
+def test_workers_a_launcher_forks_during_the_kill_are_ended_too(mod, node, sandbox) -> None:
+    launcher = start_launcher(node, sandbox, "respawn-worker")
+    r = mod("gpu_procs_kill", {"patterns": ["respawn"], "grace_period": 1, "kill_timeout": 2})
+    assert r["_status"] == "ok", r
+    late = [t for t in r["targets"] if t["round"] > 1]
+    assert late, r["targets"]
+    # Born during the first round's grace period, holding the GPU, and ended in a later round.
+    assert all(t["outcome"] in ("terminated", "killed") for t in r["targets"])
+    assert all("holds nvidia0 (fd+mmap)" in t["reasons"] for t in late)
+    assert r["summary"]["rounds"] >= 2 and r["summary"]["respawned"] == len(late)
+    assert f"{len(late)} of them appeared during the kill" in r["msg"]
+    launcher.wait(timeout=5)
+    node.wait_clean(timeout=5)
+
+
+def test_holders_still_appearing_at_the_deadline_fail_the_kill(mod, node, sandbox) -> None:
+    # The launcher is not a target (no pattern, no GPU): its workers keep coming until the deadline.
+    launcher = start_launcher(node, sandbox, "gpu-worker")
+    r = mod("gpu_procs_kill", {"grace_period": 0.5, "kill_timeout": 1, "deadline": 1.5})
+    assert (r["_status"], r["reason"]) == ("failed", "holders_remain"), r
+    assert r["remaining"] and all(x["name"] == "gpu-worker" for x in r["remaining"])
+    assert r["summary"]["rounds"] >= 2
+    assert "Something keeps starting them" in r["msg"] and "raise deadline" in r["msg"]
+    # Every signal sent is listed, remaining or not.
+    assert r["summary"]["signals"]["KILL"] == sum(1 for t in r["targets"] if "KILL" in t["signals_sent"]) > 0
+    assert launcher.poll() is None
+    launcher.kill()
+
+
+def test_zombies_are_neither_targets_nor_counted_as_ended(mod, sandbox) -> None:
+    # A child that exited, whose parent never reaps it.
+    script = "import os, time\nif os.fork() == 0:\n    open('/proc/self/comm', 'w').write('zombie' + '-job')\n    os._exit(0)\ntime.sleep(60)"
+    parent = sandbox.popen(["python3", "-c", script])
+    assert wait_for(lambda: any("zombie-job" in line for line in sandbox.run(["ps", "-eo", "stat,comm"], capture_output=True, text=True).stdout.splitlines()))
+    r = mod("gpu_procs_kill", {"patterns": ["zombie-job"], "discovery": [], "allow_name_only": True, **FAST})
+    assert r["_status"] == "ok", r
+    assert r["targets"] == [] and r["changed"] is False
+    assert any(i["why"].startswith("a zombie") for i in r["ignored"])
+    assert r["msg"].startswith("ended 0 process(es)")
+    parent.kill()
+
+
+# --------------------------------------------------------------------------- discovery sources
+
+
+def test_without_any_discovery_source_the_kill_refuses_unless_name_only_is_allowed(mod, node, sandbox, tmp_path) -> None:
+    w = sandbox.spawn_worker(gpus=[0], mib=1000, title="sglang::scheduler_TP0")
+    empty = tmp_path / "dev"
+    empty.mkdir()
+    no_source = {"patterns": ["^sglang::"], "device_dir": str(empty), **FAST}
+    r = mod("gpu_procs_kill", no_source, library=False)
+    assert (r["_status"], r["reason"]) == ("failed", "no_discovery_source"), r
+    assert "allow_name_only" in r["msg"] and "libnvidia-ml.so.1" in r["msg"] and f"{empty} holds no GPU device file" in r["msg"]
+    assert r["targets"] == [] and w.alive()
+    r = mod("gpu_procs_kill", {"patterns": ["^sglang::"], "discovery": [], **FAST})
+    assert (r["_status"], r["reason"]) == ("failed", "no_discovery_source") and w.alive()
+    r = mod("gpu_procs_kill", {**no_source, "allow_name_only": True}, library=False)
+    assert r["_status"] == "ok", r
+    assert by_pid(r)[w.ns_pid]["reasons"] == ["matches pattern '^sglang::'"] and not w.alive()
+    warnings = " | ".join(r["warnings"])
+    assert "NVML cannot be read" in warnings and "The GPU device files cannot be used" in warnings and "ended by name only" in warnings
+
+
+def test_a_missing_source_is_a_warning_and_the_other_still_finds_the_holders(mod, node, sandbox, tmp_path) -> None:
+    first = sandbox.spawn_worker(gpus=[0], mib=1000)
+    r = mod("gpu_procs_kill", FAST, library=False)
+    assert r["_status"] == "ok", r
+    assert by_pid(r)[first.ns_pid]["reasons"] == ["holds nvidia0-7 (fd+mmap)"]
+    assert any(w.startswith("NVML cannot be read (") for w in r["warnings"]), r.get("warnings")
+    second = sandbox.spawn_worker(gpus=[1], mib=1000)
+    empty = tmp_path / "dev"
+    empty.mkdir()
+    r = mod("gpu_procs_kill", {"device_dir": str(empty), **FAST})
+    assert r["_status"] == "ok", r
+    # NVML's word alone is trusted when the device files cannot corroborate it.
+    assert by_pid(r)[second.ns_pid]["reasons"] == ["listed by NVML on GPU 1 (1000 MiB)"]
+    assert any(w.startswith("The GPU device files cannot be used (") for w in r["warnings"]), r.get("warnings")
+    assert not first.alive() and not second.alive()

@@ -209,3 +209,34 @@ def test_local_play_helper_reaches_the_module(registry, container):
     run = run_playbook(local_play(tasks), inventory="localhost,", env=registry.env())
     assert run.rc == 0, run.output
     assert run.task("Show")["status"] == "ok"
+
+
+def test_nothing_of_the_nodes_environment_reaches_the_container(registry, container, tmp_path):
+    """$VAR, ${VAR} and ~ reach the container as written: the node's secrets and home stay on the node."""
+    node_env = {"NODE_SECRET": "s3cr3t-of-the-node", "MARKER": str(tmp_path / "exists-on-the-node")}
+    (tmp_path / "exists-on-the-node").write_text("")
+    words = ["$NODE_SECRET", "${NODE_SECRET}", "~", "~root", "$HOME"]
+    code = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'job': os.environ.get('JOB'), 'secret': os.environ.get('NODE_SECRET')}))"
+    r = pct_exec(registry, process_env=node_env, vmid=150, argv=[PY, "-c", code, *words], env={"JOB": "${NODE_SECRET}"}, creates="$MARKER")
+    assert r["_status"] == "ok", r["_output"]
+    out = json.loads(r["stdout"])
+    assert out == {"argv": words, "job": "${NODE_SECRET}", "secret": None}
+    # cmd is what ran, word for word, and what pct received
+    assert r["cmd"][r["cmd"].index("--") + 1 :] == registry.calls()[-1][registry.calls()[-1].index("--") + 1 :]
+    assert r["cmd"][-len(words) :] == words
+    # creates was tested as written, inside the container: "$MARKER" is no file there, so the command ran
+    assert registry.calls()[1][-3:] == ["test", "-e", "$MARKER"]
+    # command: the shell that expands is the container's, with the container's (cleared) environment
+    r = pct_exec(registry, process_env=node_env, vmid=150, command='echo "[$NODE_SECRET]" ~')
+    assert r["_status"] == "ok", r["_output"]
+    # (no HOME in the cleared environment, so the container's shell leaves ~ alone)
+    assert r["stdout_lines"] == ["[] ~"]
+    assert "s3cr3t" not in json.dumps({k: v for k, v in r.items() if k != "_output"})
+    assert r["cmd"][-1] == 'echo "[$NODE_SECRET]" ~'
+
+
+def test_a_missing_pct_path_is_named(registry, tmp_path):
+    r = pct_exec(registry, vmid=150, argv=["true"], pct_path=str(tmp_path / "nowhere" / "pct"))
+    assert (r["_status"], r["reason"]) == ("failed", "bad_arguments")
+    assert f"pct_path: {tmp_path / 'nowhere' / 'pct'} does not exist" in r["msg"]
+    assert registry.calls() == []

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from support.orphans import end, spawn_orphan
+
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _proctable, _signals
 
 
@@ -28,17 +30,16 @@ def spawn_unrelated() -> subprocess.Popen:
 
 
 def test_reused_pid_is_never_signalled() -> None:
-    target = spawn_sleeper()
+    # Not a child of this process, which plays the module here (discovery protects what the module started).
+    pid = spawn_orphan([sys.executable, "-c", "import time; time.sleep(60)"], ready=b"time.sleep(60)")
     req = _procs.Request(
         gpus=[], all_gpus=True, nvml_processes={}, use_nvml=False, use_device_files=False, patterns=_procs.compile_patterns(["time.sleep\\(60\\)"])
     )
     plan = _procs.discover(req)
-    candidate = next(c for c in plan.targets if c.pid == target.pid)
-    pid = candidate.pid
+    candidate = next(c for c in plan.targets if c.pid == pid)
 
     # The target exits and is reaped; the next fork in this namespace gets the same pid.
-    target.kill()
-    target.wait()
+    end(pid)
     with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
         fh.write(str(pid - 1))
     impostor = spawn_unrelated()

@@ -82,3 +82,14 @@ def test_mib_rounding_and_recovery_names() -> None:
     assert _nvml.recovery_action_name(1) == "gpu_reset"
     assert _nvml.recovery_action_name(None) is None
     assert _nvml.recovery_action_name(42) == "unknown_42"
+
+
+def test_device_files_problem(tmp_path) -> None:
+    assert _nvml.device_files_problem(str(tmp_path)) == (
+        f"{tmp_path} holds no GPU device file (nvidia0, nvidia1, ...): the driver is not loaded, or the GPUs are not passed through"
+    )
+    (tmp_path / "nvidiactl").write_text("")
+    assert "holds no GPU device file" in (_nvml.device_files_problem(str(tmp_path)) or "")
+    (tmp_path / "nvidia3").write_text("")
+    assert _nvml.device_files_problem(str(tmp_path)) is None
+    assert _nvml.device_files_problem(str(tmp_path / "none")).startswith(f"{tmp_path / 'none'} cannot be listed")

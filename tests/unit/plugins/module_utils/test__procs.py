@@ -8,8 +8,9 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 
-def facts(comm: str, cmdline: str = "", exe: str | None = None) -> _procs.ProcFacts:
-    return _procs.ProcFacts(pid=100, comm=comm, cmdline=cmdline, exe=exe, uid=0, ppid=1, pgid=100, starttime=1, state="S", kernel=False)
+def facts(comm: str, cmdline: str = "", exe: str | None = None, argv: list[str] | None = None) -> _procs.ProcFacts:
+    words = argv if argv is not None else (cmdline.split(" ") if cmdline else [])
+    return _procs.ProcFacts(pid=100, comm=comm, cmdline=cmdline, exe=exe, uid=0, ppid=1, pgid=100, starttime=1, state="S", kernel=False, argv=words)
 
 
 @pytest.mark.parametrize(
@@ -38,10 +39,101 @@ def test_protected_daemons_are_recognised(f: _procs.ProcFacts, expected: str) ->
         facts("sglang::schedul", "sglang::scheduler_TP0", "/usr/bin/python3.11"),
         facts("pt_main_thread", "VLLM::Worker_TP1", "/usr/bin/python3.11"),
         facts("Xorgish", "Xorgish", "/opt/Xorgish"),
+        # A borrowed name protects nothing: exec -a, a title (comm cut at 15 characters), a Python job under either.
+        facts("gpusim-worker", "nvidia-persistenced --gpu 0", "/opt/sim/bin/gpusim-worker"),
+        facts("nvidia-persiste", "nvidia-persistenced", "/opt/sim/bin/gpusim-worker"),
+        facts("nvidia-persiste", "nvidia-persistenced", "/usr/bin/python3.11"),
+        facts("python3", "nvidia-persistenced job.py", "/usr/bin/python3.11"),
+        facts("dcgm-exporter", "dcgm-exporter", "/usr/bin/python3.11"),
+        # Only perl may run under a Proxmox daemon's name.
+        facts("pvedaemon worke", "pvedaemon worker", "/usr/bin/python3.11", argv=["pvedaemon worker"]),
     ],
 )
 def test_workers_are_not_protected(f: _procs.ProcFacts) -> None:
     assert _procs.protected_name(f, _procs.protect_list([], [])) is None
+
+
+def test_what_a_process_is_decides() -> None:
+    defaults = _procs.protect_list([], [])
+    # Proxmox's Perl daemons name themselves through $0.
+    pve = facts("pvedaemon worke", "pvedaemon worker", "/usr/bin/perl", argv=["pvedaemon worker"])
+    assert _procs.protection(pve, defaults) == ("pvedaemon*", "")
+    # A user's entry matches a script run by an interpreter, by the script's name, not its title.
+    exporter = facts("python3", "/usr/bin/python3 -u /opt/my-exporter.py --port 9400", "/usr/bin/python3.11")
+    assert _procs.protected_name(exporter, _procs.protect_list(["my-exporter*"], [])) == "my-exporter*"
+    assert _procs.protected_name(facts("my-exporter", "my-exporter", "/usr/bin/python3.11"), _procs.protect_list(["my-exporter*"], [])) is None
+    # An executable that cannot be read (a zombie, another user's process): names count, on the safe side.
+    unknown = facts("nvidia-persiste", "", None, argv=[])
+    assert _procs.protection(unknown, defaults) == ("nvidia-persistenced", "by name, its executable cannot be read")
+    assert _procs.protection(facts("python3", "python3 train.py", None), defaults) == (None, "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["python3", "-c", "print(1)"], None),
+        (["python3", "-u", "-W", "ignore", "/opt/a.py", "-c", "x"], "a.py"),
+        (["python3", "-m", "sglang.launch_server", "--tp", "8"], "sglang.launch_server"),
+        (["bash", "-o", "pipefail", "/opt/run.sh"], "run.sh"),
+        (["python3"], None),
+        (["perl", "--", "/usr/bin/pvedaemon"], "pvedaemon"),
+    ],
+)
+def test_script_name(argv: list[str], expected: str | None) -> None:
+    assert _procs.script_name(argv) == expected
+
+
+PY = "/work/.venv/bin/python"
+TMP = "/root/.ansible/tmp/ansible-tmp-1796095109.17-14-797"
+
+
+@pytest.mark.parametrize(
+    ("argv", "parent", "expected"),
+    [
+        # The controller and its forked workers (same command line), other entry points, python -m.
+        ([PY, "/work/.venv/bin/ansible-playbook", "-i", "inv", "site.yml"], None, "an Ansible program (ansible-playbook"),
+        (["/usr/bin/python3", "/usr/bin/ansible-connection"], None, "an Ansible program (ansible-connection"),
+        (["/usr/bin/python3.11", "/usr/local/bin/ansible-runner", "run", "/runner"], None, "an Ansible program (ansible-runner"),
+        (["python3", "-m", "ansible", "playbook", "site.yml"], None, "an Ansible program (ansible:"),
+        (["/usr/local/bin/ansible", "all", "-m", "ping"], None, "an Ansible program (ansible:"),
+        # Async wrapper, module payloads, the become wrapper and its sudo.
+        ([PY, f"{TMP}/async_wrapper.py", "j1", "30", "false", f"{TMP}/AnsiballZ_command.py"], None, "an Ansible module, async wrapper"),
+        ([PY, f"{TMP}/AnsiballZ_gpu_procs_kill.py"], None, "an Ansible module, async wrapper"),
+        (
+            ["sudo", "-H", "-S", "-n", "-u", "root", "/bin/sh", "-c", "echo BECOME-SUCCESS-abc ; /usr/bin/python3"],
+            None,
+            "an Ansible module, async wrapper, become wrapper",
+        ),
+        # SSH connections to other hosts: the clients and their ControlPersist master, in Ansible's control path.
+        (["ssh", "-C", "-o", "ControlMaster=auto", "-o", "ControlPath=/root/.ansible/cp/3f2a9c", "gpu-node-2"], None, "an Ansible module, async wrapper"),
+        (["ssh: /root/.ansible/cp/3f2a9c [mux]"], None, "an Ansible module, async wrapper, become wrapper or SSH connection"),
+        # A pipelined module: the shells (local connection nests two) and the bare interpreter under them.
+        (["/bin/sh", "-c", f"/bin/sh -c {PY}"], None, "Ansible's shell for a pipelined module"),
+        (["/bin/sh", "-c", f"{PY} && sleep 0"], None, "Ansible's shell for a pipelined module"),
+        ([PY], ["/bin/sh", "-c", PY], "a pipelined Ansible module"),
+        (["/usr/bin/python3"], ["/bin/sh", "-c", "echo BECOME-SUCCESS-abc ; /usr/bin/python3"], "a pipelined Ansible module"),
+        # Not Ansible: jobs and shells that merely mention it, an interpreter under any other shell.
+        (["python3", "-m", "sglang.launch_server"], None, None),
+        (["python3", "-c", "import time  # ansible-worker"], None, None),
+        (["/bin/sh", "-c", "ansible-playbook site.yml"], None, None),
+        (["/bin/sh", "-c", "python3 train.py"], None, None),
+        ([PY], ["/bin/bash", "-l"], None),
+        (["vllm", "serve", "ansible/model"], None, None),
+        ([], None, None),
+    ],
+)
+def test_ansible_processes_are_recognised(argv: list[str], parent: list[str] | None, expected: str | None) -> None:
+    found = _procs.ansible_process(argv, parent)
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(expected), found
+
+
+def test_an_empty_pattern_is_refused() -> None:
+    with pytest.raises(CleanSlateError, match=r"^patterns: an empty pattern matches every process"):
+        _procs.compile_patterns(["sglang", ""])
+    assert [p.pattern for p in _procs.compile_patterns([".*"])] == [".*"]
 
 
 def test_protect_extends_and_unprotect_shrinks_only_explicitly() -> None:
@@ -68,6 +160,9 @@ def test_bad_regex_names_the_option_and_the_pattern() -> None:
 
 def test_users_resolve_names_and_uids() -> None:
     assert _procs.resolve_users([]) is None
-    assert _procs.resolve_users(["root", "1234"]) == {0, 1234}
+    assert _procs.resolve_users(["root", "65534"]) == {0, 65534}
     with pytest.raises(CleanSlateError, match="users: no user named 'no-such-user-x'"):
         _procs.resolve_users(["no-such-user-x"])
+    # A uid nobody has would select nothing and look clean.
+    with pytest.raises(CleanSlateError, match=r"^users: no user with uid 987654 on this host"):
+        _procs.resolve_users(["987654"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _verify
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
@@ -125,3 +127,54 @@ def test_poll_returns_at_once_when_clean_and_waits_until_the_deadline_otherwise(
     assert out.gpus[0]["diagnosis"] in ("orphaned_context", "held_outside_namespace")
     msg = _verify.failure_message(out, 1)
     assert msg.startswith("1 of 1 GPU(s) not clean after 1.0 s: GPU 0 (")
+
+
+def test_elapsed_includes_the_scan_that_names_the_holders(monkeypatch) -> None:
+    class Session:
+        def memory(self, gpu: Gpu) -> Memory:
+            return Memory(143771, 20000, 615, 123156, "v2")
+
+        def processes(self, gpu: Gpu) -> list[GpuProcess]:
+            return []
+
+        def recovery_action(self, gpu: Gpu) -> int:
+            return 0
+
+    now = [0.0]
+    real_scan = _proctable.scan_device_holders
+
+    def slow_scan(*args, **kwargs):
+        now[0] += 0.17  # what 3 000 processes cost on the adversarial sweep's machine
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(_proctable, "scan_device_holders", slow_scan)
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    out = _verify.poll_until_clean(Session(), [Gpu(index=0, minor=0)], CRIT, timeout=0.5, interval=0.1, clock=lambda: now[0], sleep=sleep)
+    assert out.clean_count == 0
+    assert abs(out.elapsed_s - 0.67) < 1e-6, out.elapsed_s
+
+
+def test_a_gpu_held_only_by_a_protected_daemon_says_so(tmp_path) -> None:
+    # A real process whose executable is named like a protected daemon, holding GPU 0's file.
+    exe = tmp_path / "nv-hostengine"
+    shutil.copy2("/bin/sleep", exe)
+    daemon = subprocess.Popen([str(exe), "60"])
+    job = subprocess.Popen(["sleep", "60"])
+    try:
+        holders = {daemon.pid: _proctable.Holding(gpu_fds={0}, gpu_maps={0})}
+        r = reading(8000, [GpuProcess(pid=daemon.pid, used_mib=8000)])
+        diag, detail, pids = _verify.diagnose(r, CRIT, holders, set())
+        assert diag == "held_by_protected" and pids == [daemon.pid]
+        assert f"held by protected daemon PID(s) {daemon.pid} (nv-hostengine)" in detail and "unprotect" in detail
+        # With a job beside it, the GPU is busy, and the message says which holder will not be ended.
+        holders[job.pid] = _proctable.Holding(gpu_fds={0}, gpu_maps={0})
+        r = reading(16000, [GpuProcess(pid=daemon.pid, used_mib=8000), GpuProcess(pid=job.pid, used_mib=8000)])
+        diag, detail, _pids = _verify.diagnose(r, CRIT, holders, set())
+        assert diag == "busy" and f"PID(s) {daemon.pid} are protected daemons" in detail
+    finally:
+        for p in (daemon, job):
+            p.kill()
+            p.wait()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._pct import CHDIR_SCRIPT
 from ansible_collections.gpuops.clean_slate.plugins.modules import pct_exec
 
 FAKE_PCT = str(Path(__file__).resolve().parents[3] / "sim" / "bin" / "pct")
@@ -89,7 +90,7 @@ def test_failures_carry_a_reason(registry, capsys):
 
 def test_missing_pct_is_reported(registry, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(pct_exec.AnsibleModule, "get_bin_path", lambda self, *a, **kw: None)
+    monkeypatch.setattr(pct_exec._checks.Module, "get_bin_path", lambda self, *a, **kw: None)
     code, result = run_main({"vmid": 129, "argv": ["true"]}, capsys)
     assert code == 1
     assert result["reason"] == "pct_failed"
@@ -118,3 +119,59 @@ def test_check_mode_does_not_exec(registry, capsys):
     assert result["changed"] is True
     assert "would have run" in result["msg"]
     assert calls(registry) == [["status", "129"]]
+
+
+def test_nothing_is_expanded_on_the_node_and_cmd_is_what_ran(registry, capsys, monkeypatch, tmp_path):
+    # The node's environment and home must not reach the container through the user's words.
+    monkeypatch.setenv("NODE_SECRET", "s3cr3t-of-the-node")
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("MARKER", str(marker))
+    marker.write_text("")
+    words = ["$NODE_SECRET", "${NODE_SECRET}", "~", "~/x", "$HOME"]
+    code, result = run_main(
+        {"vmid": 129, "argv": ["/bin/echo", *words], "env": {"JOB": "$NODE_SECRET"}, "chdir": "~", "creates": "$MARKER", "pct_path": FAKE_PCT}, capsys
+    )
+    # creates "$MARKER" was tested as written, so the command was not skipped although $MARKER names a file here;
+    # chdir "~" is no directory where the command runs (a bare registry entry), so it failed in its cd.
+    assert result["reason"] == "command_failed", result
+    ran = calls(registry)
+    assert ran[1] == ["exec", "129", "--keep-env", "0", "--", "test", "-e", "$MARKER"]
+    assert ran[2][ran[2].index("--") + 1 :] == ["env", "JOB=$NODE_SECRET", "/bin/sh", "-c", CHDIR_SCRIPT, "pct_exec", "~", "/bin/echo", *words]
+    assert result["cmd"] == [FAKE_PCT, *ran[2]]
+    assert "s3cr3t" not in json.dumps(result) and "s3cr3t" not in json.dumps(ran)
+    code, result = run_main({"vmid": 129, "argv": ["/bin/echo", *words], "env": {"JOB": "$NODE_SECRET"}, "pct_path": FAKE_PCT}, capsys)
+    assert code == 0, result
+    assert result["stdout"] == " ".join(words) + "\n"
+    assert result["cmd"] == [FAKE_PCT, *calls(registry)[-1]]
+
+
+def test_a_missing_pct_path_is_named(registry, capsys, tmp_path):
+    code, result = run_main({"vmid": 129, "argv": ["true"], "pct_path": str(tmp_path / "no-pct-here")}, capsys)
+    assert code == 1
+    assert result["reason"] == "bad_arguments"
+    assert result["msg"].startswith(f"pct_path: {tmp_path / 'no-pct-here'} does not exist")
+    code, result = run_main({"vmid": 129, "argv": ["true"], "pct_path": str(tmp_path)}, capsys)
+    assert (result["reason"], result["msg"]) == ("bad_arguments", f"pct_path: {tmp_path} is not an executable file.")
+    assert calls(registry) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"timeout": 0}, "timeout must be from 1 to 86400 seconds, got 0."),
+        ({"timeout": 86401}, "timeout must be from 1 to 86400 seconds, got 86401."),
+        ({"timeout": 5, "kill_after": 3601}, "kill_after must be from 0 to 3600 seconds, got 3601."),
+        ({"kill_after": -1}, "kill_after must be from 0 to 3600 seconds, got -1."),
+    ],
+)
+def test_numbers_are_bounded(registry, capsys, args, message):
+    code, result = run_main({"vmid": 129, "argv": ["true"], "pct_path": FAKE_PCT, **args}, capsys)
+    assert (code, result["reason"], result["msg"]) == (1, "bad_arguments", message)
+    assert calls(registry) == []
+
+
+def test_ansibles_own_argument_errors_carry_a_reason(registry, capsys):
+    code, result = run_main({"vmid": "12a", "argv": ["true"], "pct_path": FAKE_PCT}, capsys)
+    assert code == 1 and result["reason"] == "bad_arguments"
+    code, result = run_main({"vmid": 129, "pct_path": FAKE_PCT}, capsys)
+    assert code == 1 and result["reason"] == "bad_arguments" and "one of the following is required" in result["msg"]

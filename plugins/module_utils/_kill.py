@@ -1,0 +1,302 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""End what discovery finds, then look again, round after round, until nothing is left.
+
+One discovery and one escalation are not enough: a launcher that ignores
+SIGTERM keeps forking workers through the grace period, and they hold the GPU
+after the launcher is gone (an adversarial run left 10 such workers from a
+launcher that forked every 100 ms). So after every escalation discovery runs
+again with the same request, and whatever it finds that was not ended before
+is ended in a new round. Later rounds get what is left of the deadline as
+their grace period; no round starts after the deadline, and what is still
+there then is reported, never passed over.
+
+Every victim is recorded before it is signalled, so whatever fails later, the
+caller can still report every signal sent (:attr:`Kill.ended`).
+"""
+
+from __future__ import annotations
+
+import time
+import typing as t
+from dataclasses import dataclass
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _signals
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._procs import Candidate, Plan
+
+# Reasons gpu_procs_kill fails with (besides bad_arguments, missing_library, internal_error and NVML's diagnoses).
+NO_DISCOVERY_SOURCE = "no_discovery_source"
+UNKILLABLE = "unkillable"
+HOLDERS_REMAIN = "holders_remain"
+
+
+@dataclass
+class Ended:
+    """One target, the pinned process behind it and the round that found it."""
+
+    candidate: Candidate
+    victim: _signals.Victim
+    round: int
+
+    def record(self) -> dict[str, t.Any]:
+        """The target record the module returns."""
+        rec = self.candidate.record()
+        v = self.victim
+        rec.update(signals_sent=list(v.signals_sent), outcome=v.outcome, seconds=v.seconds, round=self.round)
+        if v.outcome == "unkillable":
+            rec.update(state=v.state, wchan=v.wchan)
+        return rec
+
+
+def _key(c: Candidate) -> tuple[int, t.Any]:
+    # pid and full identity: a pid reused by a new process, or a process that renamed itself
+    # between discovery and pinning (and so was not signalled), is a new target.
+    return (c.pid, c.identity)
+
+
+class Kill:
+    """Rounds of discovery and escalation (see the module docstring).
+
+    :param discover: runs discovery afresh (NVML's process lists re-read) and returns the plan.
+    :param deadline: seconds from the first signal after which no new round starts.
+    """
+
+    def __init__(
+        self,
+        discover: t.Callable[[], Plan],
+        first: str = "TERM",
+        grace_period: float = 10.0,
+        kill_timeout: float = 10.0,
+        deadline: float = 40.0,
+        clock: t.Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._discover = discover
+        self.first = first
+        self.grace_period = grace_period
+        self.kill_timeout = kill_timeout
+        self.deadline = deadline
+        self.clock = clock
+        self.ended: list[Ended] = []
+        self.rounds = 0
+        self.remaining: list[Candidate] = []
+        self.deadline_passed = False
+        self.protected: list[dict[str, t.Any]] = []
+        self.ignored: list[dict[str, t.Any]] = []
+        self.notes: list[str] = []
+        self.unreadable = 0
+
+    # ------------------------------------------------------------------ discovery
+    def discover(self) -> Plan:
+        """One discovery; its protected, ignored and notes are merged into this run's."""
+        plan = self._discover()
+        ended = {e.candidate.pid for e in self.ended}
+        seen_protected = {p["pid"] for p in self.protected}
+        for rec in plan.protected:
+            if rec["pid"] not in seen_protected:
+                self.protected.append(rec)
+        seen_ignored = {(i.get("pid"), i.get("why")) for i in self.ignored}
+        for rec in plan.ignored:
+            # After a round NVML still lists the processes just ended until the driver frees their
+            # memory: those are not "ignored", they are targets already reported.
+            if rec.get("pid") not in ended and (rec.get("pid"), rec.get("why")) not in seen_ignored:
+                self.ignored.append(rec)
+        for note in plan.notes:
+            if note not in self.notes:
+                self.notes.append(note)
+        self.unreadable = max(self.unreadable, plan.unreadable)
+        return plan
+
+    # ------------------------------------------------------------------ rounds
+    def run(self) -> None:
+        """Discover, end, discover again, until a discovery finds nothing new or the deadline passes."""
+        done: set[tuple[int, t.Any]] = set()
+        plan = self.discover()
+        start: float | None = None
+        while True:
+            new = [c for c in plan.targets if _key(c) not in done]
+            if not new:
+                # Anything still found was already ended once and is back under the same identity:
+                # it did not end, so it is reported rather than trusted gone.
+                self.remaining = [c for c in plan.targets if _key(c) in done]
+                return
+            now = self.clock()
+            if start is not None and now >= start + self.deadline:
+                self.deadline_passed = True
+                self.remaining = list(plan.targets)
+                return
+            if start is None:
+                start = now
+            self.rounds += 1
+            victims = []
+            for c in new:
+                done.add(_key(c))
+                victim = _signals.pin(c.pid, c.identity)
+                self.ended.append(Ended(c, victim, self.rounds))
+                victims.append(victim)
+            grace = self.grace_period if self.rounds == 1 else min(self.grace_period, max(0.0, start + self.deadline - now))
+            _signals.escalate(victims, first=self.first, grace_period=grace, kill_timeout=self.kill_timeout, clock=self.clock)
+            if any(v.outcome == "unkillable" for v in victims):
+                # Stuck in the kernel: another round cannot help, and the caller fails with their state.
+                return
+            plan = self.discover()
+
+    # ------------------------------------------------------------------ results
+    def targets(self) -> list[dict[str, t.Any]]:
+        return [e.record() for e in self.ended]
+
+    def signalled(self) -> bool:
+        return any(e.victim.signals_sent for e in self.ended)
+
+
+# ---------------------------------------------------------------------- options
+def validate(p: t.Mapping[str, t.Any]) -> None:
+    """Numbers, paths and combinations of gpu_procs_kill's options; raises before anything is read or signalled."""
+    for name in ("grace_period", "kill_timeout", "deadline"):
+        _checks.number(name, p[name], 0, _checks.MAX_SECONDS, unit="seconds")
+    for vmid in p["containers"]:
+        if not 100 <= vmid <= 999999999:
+            raise CleanSlateError(f"containers: {vmid} is not a valid Proxmox vmid (100-999999999).", reason=_checks.BAD_ARGUMENTS)
+    _checks.existing_dir("device_dir", p["device_dir"])
+    _checks.executable("pct_path", p["pct_path"])
+    if not p["discovery"] and not p["patterns"]:
+        raise CleanSlateError(
+            "discovery is empty and no patterns are given, so nothing could ever be found; leave discovery at its default"
+            " (nvml, device_files) or give patterns.",
+            reason=_checks.BAD_ARGUMENTS,
+        )
+
+
+def sources(p: t.Mapping[str, t.Any], facts: _nvml.GpuFacts, patterns: list[t.Any], warnings: list[str]) -> bool:
+    """Warn for each discovery source asked for but unavailable; refuse name-only matching unless allowed.
+
+    Returns whether the device files can serve (without them, NVML's entries are trusted alone).
+    """
+    use_nvml, use_files = "nvml" in p["discovery"], "device_files" in p["discovery"]
+    files_problem = _nvml.device_files_problem(p["device_dir"]) if use_files else None
+    if use_nvml and facts.nvml_problem:
+        warnings.append(f"NVML cannot be read ({facts.nvml_problem}): GPU processes are found through the device files and patterns only.")
+    if files_problem:
+        warnings.append(f"The GPU device files cannot be used ({files_problem}): forked children that NVML does not list cannot be found.")
+    nvml_ok = use_nvml and facts.nvml_problem is None
+    files_ok = use_files and files_problem is None
+    if nvml_ok or files_ok:
+        return files_ok
+    why = "; ".join(
+        x
+        for x in (
+            "" if p["discovery"] else "discovery is empty",
+            f"NVML: {facts.nvml_problem}" if use_nvml and facts.nvml_problem else "",
+            f"device files: {files_problem}" if files_problem else "",
+        )
+        if x
+    )
+    if not p["allow_name_only"] or not patterns:
+        raise CleanSlateError(
+            f"No GPU discovery source is available ({why}), so only names could select processes, and a name alone cannot tell"
+            " a GPU job from any other process that matches it. Fix the driver (gpu_mem_verify names the problem) or device_dir;"
+            " or, to end what patterns match anyway, set allow_name_only: true (clean_slate_allow_name_only in the role) and give patterns.",
+            reason=NO_DISCOVERY_SOURCE,
+        )
+    warnings.append(f"No GPU discovery source ({why}): processes are ended by name only (patterns), as allow_name_only allows.")
+    return False
+
+
+# ---------------------------------------------------------------------- result
+def protected_holders(protected: list[dict[str, t.Any]]) -> list[str]:
+    """Warnings for protected processes that hold GPU memory: their GPUs cannot come clean."""
+    out = []
+    for rec in protected:
+        if rec.get("holds_gpu_memory"):
+            mib = f"{rec['used_mib']} MiB" if rec.get("used_mib") is not None else "memory"
+            gpus = ", ".join(str(g) for g in rec.get("gpus", []))
+            out.append(
+                f"PID {rec['pid']} ({rec['name']}) holds {mib} on GPU {gpus} and is not ended: {rec['why']}. That GPU cannot come clean"
+                " while it runs; stop it through its service or, if it must go, take it off the protect list (unprotect)."
+            )
+    return out
+
+
+def message(check_mode: bool, counts: dict[str, t.Any], targets: list[dict[str, t.Any]], protected: list[dict[str, t.Any]]) -> str:
+    """One sentence: what was ended (processes gone before their first signal are not counted as ended)."""
+    holding = sum(1 for x in protected if x.get("holds_gpu_memory"))
+    tail = f"; {len(protected)} protected" + (f", {holding} of them holding GPU memory (see the warnings)" if holding else "")
+    if check_mode:
+        return f"would end {len(targets)} process(es){tail}"
+    text = f"ended {counts['terminated'] + counts['killed']} process(es)"
+    if counts["vanished"]:
+        text += f"; {counts['vanished']} had exited before their signal"
+    if counts["respawned"]:
+        text += f"; {counts['respawned']} of them appeared during the kill and were ended in {counts['rounds']} rounds"
+    return text + tail
+
+
+def outcome(
+    kill: Kill,
+    ended: list[Ended],
+    check_mode: bool,
+    kill_timeout: float,
+    elapsed: float,
+    notes: list[str],
+    warnings: list[str],
+    diff: bool,
+) -> tuple[dict[str, t.Any], str | None, list[str]]:
+    """(result, failure reason or None, warnings) of a run: unkillable or remaining processes fail it."""
+    warnings = list(warnings)
+    if kill.unreadable:
+        warnings.append(
+            f"{kill.unreadable} process(es) could not be inspected for device files (permission): a GPU holder among them is found only if"
+            " NVML lists it; run with become: true."
+        )
+    warnings.extend(protected_holders(kill.protected))
+    targets = []
+    for e in ended:
+        rec = e.record()
+        if check_mode:
+            rec["round"] = None
+        targets.append(rec)
+    counts: dict[str, t.Any] = {k: sum(1 for x in targets if x["outcome"] == k) for k in ("terminated", "killed", "vanished", "unkillable")}
+    signals: dict[str, int] = {}
+    for x in targets:
+        for s in x["signals_sent"]:
+            signals[s] = signals.get(s, 0) + 1
+    counts["signals"] = signals
+    counts["rounds"] = kill.rounds
+    counts["respawned"] = sum(1 for x in targets if (x["round"] or 0) > 1)
+    result: dict[str, t.Any] = {
+        "changed": bool(targets) if check_mode else bool(signals),
+        "targets": targets,
+        "protected": kill.protected,
+        "ignored": kill.ignored,
+        "summary": counts,
+        "notes": notes,
+        "elapsed_s": round(elapsed, 4),
+        "msg": message(check_mode, counts, targets, kill.protected),
+    }
+    if diff:
+        before = [f"{x['pid']} {x['name']}" for x in targets]
+        after = [f"{x['pid']} {x['name']}" for x in targets if x["outcome"] == "unkillable"] + [f"{c.pid} {c.facts.comm}" for c in kill.remaining]
+        result["diff"] = {"before": "".join(f"{line}\n" for line in before), "after": "".join(f"{line}\n" for line in after)}
+    stuck = [x for x in targets if x["outcome"] == "unkillable"]
+    if stuck:
+        detail = "; ".join(f"PID {x['pid']} ({x['name']}) in state {x.get('state')} waiting in {x.get('wchan') or '?'}" for x in stuck)
+        result["msg"] = (
+            f"{len(stuck)} process(es) survived SIGKILL after {kill_timeout} s: {detail}. They are stuck in the kernel"
+            " (often the NVIDIA driver); only a GPU reset or a reboot frees them."
+        )
+        return result, UNKILLABLE, warnings
+    if kill.remaining:
+        result["remaining"] = [c.record() for c in kill.remaining]
+        names = ", ".join(f"PID {c.pid} ({c.facts.comm})" for c in kill.remaining[:10]) + (" ..." if len(kill.remaining) > 10 else "")
+        result["msg"] = (
+            f"{len(kill.remaining)} process(es) were still there after {elapsed:.1f} s and {kill.rounds} round(s) of ending"
+            f" ({counts['respawned']} process(es) appeared during the kill): {names}. Something keeps starting them (a service manager,"
+            " or a launcher that is protected or not among the targets): stop it first (for example systemctl stop <service>, or the"
+            " role's clean_slate_pre_stop_commands), then run again; or raise deadline."
+        )
+        return result, HOLDERS_REMAIN, warnings
+    return result, None, warnings
