@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from gpusim import Node, paths
+from gpusim import CONTEXT_OVERHEAD_MIB, Node, paths
 
 pytestmark = pytest.mark.pidns
 
@@ -35,7 +35,8 @@ def test_query_gpu_csv_like_the_real_one(node) -> None:
 def test_noheader_nounits_and_gpu_selection(node) -> None:
     node.spawn_worker(gpus=[3], mib=20000)
     r = smi(node, "--query-gpu=index,memory.used,memory.free", "--format=csv,noheader,nounits", "-i", "3,0")
-    assert r.stdout == "3, 20000, 123156\n0, 0, 143156\n"
+    used = 20000 + CONTEXT_OVERHEAD_MIB  # the device counts the context's overhead too
+    assert r.stdout == f"3, {used}, {143156 - used}\n0, 0, 143156\n"
     r = smi(node, "--query-gpu=index", "--format=csv,noheader", f"--id={node.gpus[5].uuid}")
     assert r.stdout == "5\n"
     r = smi(node, "--query-gpu=memory.used", "--format=csv,nounits", "-i", "1")
@@ -71,7 +72,7 @@ def test_list_and_table(node) -> None:
     w = node.spawn_worker(gpus=[2], mib=4096, title="VLLM::Worker_TP1")
     t = smi(node).stdout
     assert "Driver Version: 580.159.04" in t and "CUDA Version: 13.0" in t
-    assert "4096MiB / 143771MiB" in t and "0MiB / 143771MiB" in t
+    assert f"{4096 + CONTEXT_OVERHEAD_MIB}MiB / 143771MiB" in t and "0MiB / 143771MiB" in t
     assert f"{w.pid}      C   VLLM::Worker_TP1" in t
     widths = {len(line) for line in t.splitlines()[1:] if line.startswith(("|", "+"))}
     assert widths == {91}

@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from gpusim import paths
+from gpusim import CONTEXT_OVERHEAD_MIB, paths
 from gpusim.procfs import device_fds, device_map_lines
 
 pytestmark = pytest.mark.pidns
@@ -118,9 +118,9 @@ def test_ready_fd_protocol_and_cli_passthrough(node) -> None:
     assert proc.stdout is not None
     assert proc.stdout.readline().decode().strip() == str(child)  # the parent prints the child's pid
     proc.stdout.close()
-    assert node.memory(2)["used_mib"] == 321
+    assert node.memory(2)["used_mib"] == 321 + CONTEXT_OVERHEAD_MIB
     os.kill(child, signal.SIGKILL)
-    node.wait_clean(timeout=2)
+    node.wait_clean(timeout=10)
 
 
 def test_worker_usage_errors(node) -> None:
