@@ -303,6 +303,8 @@ class Sandbox:
             "node": node_name,
             "hostname": self.name,
         }
+        if self.cgroup_path is not None:
+            data["cgroup"] = str(self.cgroup_path)
         if self.unprivileged:
             data["unprivileged"] = 1
             data["config"] = {"unprivileged": 1}
