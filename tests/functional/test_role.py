@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from gpusim import Node
+from gpusim import CONTEXT_OVERHEAD_MIB, Node
 from support.ansible import ROOT, VENV_PYTHON, run_playbook
 
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
@@ -86,7 +86,7 @@ def test_tags_run_only_the_chosen_phase(two_nodes, tmp_path: Path) -> None:
     assert "Take the before picture" in tasks
     assert "End the GPU processes" not in tasks and "Wait until every GPU is clean" not in tasks
     assert worker.alive()
-    assert run.task("Take the before picture")["result"]["gpus"][0]["used_mib"] == 8000
+    assert run.task("Take the before picture")["result"]["gpus"][0]["used_mib"] == 8000 + CONTEXT_OVERHEAD_MIB
     # --tags clean_slate_kill ends it without verifying.
     run = run_playbook(PLAYBOOK, inventory=inv, env=a.env(), tags="clean_slate_kill", wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
@@ -122,7 +122,7 @@ def test_include_role_from_another_play_publishes_its_result(two_nodes, tmp_path
     assert run.task("Start the server only on a clean slate")["status"] == "ok"
     report = json.loads((report_dir / "host-a.json").read_text())
     assert report["clean"] is True and report["ended"] == 1 and report["after"] == [0, 0, 0, 0]
-    assert report["before"][1] == 8000
+    assert report["before"][1] == 8000 + CONTEXT_OVERHEAD_MIB
 
 
 def test_check_mode_reports_what_would_end_and_ends_nothing(two_nodes, tmp_path: Path) -> None:

@@ -57,6 +57,8 @@ class Faults:
     memory_v2_unsupported: bool = False  #: nvmlDeviceGetMemoryInfo_v2 -> FUNCTION_NOT_FOUND
     process_api: str = "v3"  #: newest process entry point that exists
     memory_na: bool = False  #: per-process usedGpuMemory = NVML_VALUE_NOT_AVAILABLE
+    #: GPU -> pids the compute list reports that hold nothing (driver/binding skew, nvitop#181)
+    phantom_pids: dict[int, list[int]] = field(default_factory=dict)
 
     def recovery(self, gpu: int) -> int:
         """Effective recovery action: explicit, else NONE (0).
@@ -164,6 +166,7 @@ class Description:
             f"fault.timeout_gpus={','.join(str(i) for i in f.timeout_gpus)}",
             f"fault.timeout_delay_ms={f.timeout_delay_ms}",
             f"fault.recovery_explicit={','.join(f'{k}:{v}' for k, v in sorted(f.recovery_action.items()))}",
+            f"fault.phantom_pids={','.join(f'{g}:{p}' for g, pids in sorted(f.phantom_pids.items()) for p in pids)}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -187,6 +190,9 @@ class Description:
             timeout_delay_ms=int(kv.get("fault.timeout_delay_ms", "0") or 0),
             recovery_action={int(k): int(v) for k, v in (p.split(":") for p in _split(kv.get("fault.recovery_explicit", "")))},
         )
+        for pair in _split(kv.get("fault.phantom_pids", "")):
+            g, p = pair.split(":")
+            faults.phantom_pids.setdefault(int(g), []).append(int(p))
         gpus = []
         for i in range(int(kv.get("gpu_count", "0"))):
             p = f"gpu.{i}."

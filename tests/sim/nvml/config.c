@@ -124,6 +124,8 @@ static void set_key(sim_config_t *cfg, const char *key, const char *val)
         copy_str(cfg->nvml_version, sizeof cfg->nvml_version, val);
     } else if (strcmp(key, "cuda_driver_version") == 0) {
         cfg->cuda_driver_version = (int)parse_ull(val);
+    } else if (strcmp(key, "fault.phantom_pids") == 0) {
+        copy_str(cfg->phantom_pids, sizeof cfg->phantom_pids, val);
     } else if (strcmp(key, "context_overhead_mib") == 0) {
         cfg->context_overhead_mib = parse_ull(val);
     } else if (strcmp(key, "gpu_count") == 0) {

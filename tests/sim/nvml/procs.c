@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "sim.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 enum proc_kind { KIND_COMPUTE, KIND_GRAPHICS, KIND_MPS };
@@ -46,6 +47,26 @@ static int collect(unsigned gpu, enum proc_kind kind)
             count++;
         }
         entries[j].bytes += ctx[i].mib * 1024ULL * 1024ULL;
+    }
+    if (kind == KIND_COMPUTE) {
+        /* phantom_pids fault: entries a skewed driver/binding reports, holding nothing. */
+        const char *p = sim_cfg.phantom_pids;
+        while (*p && count < SIM_MAX_CTX) {
+            char *end;
+            unsigned long g = strtoul(p, &end, 10), pid;
+            if (end == p || *end != ':')
+                break;
+            p = end + 1;
+            pid = strtoul(p, &end, 10);
+            if (end == p)
+                break;
+            p = *end == ',' ? end + 1 : end;
+            if (g == gpu) {
+                entries[count].pid = (unsigned)pid;
+                entries[count].bytes = 0;
+                count++;
+            }
+        }
     }
     if (sim_cfg.memory_na || sim_cfg.gpus[gpu].mig_mode) /* MIG (or WDDM): per-process memory unknown */
         for (int i = 0; i < count; i++)

@@ -58,6 +58,7 @@ typedef struct sim_config {
     int memory_na;
     int process_api; /* newest process entry point that exists: 1, 2 or 3 */
     unsigned long long context_overhead_mib; /* device memory per live context no process is charged */
+    char phantom_pids[2048]; /* "gpu:pid,gpu:pid": entries the compute list reports that hold nothing */
     char timeout_functions[2048]; /* ",name,name," (leading/trailing comma for matching) */
     int timeout_delay_ms;
 } sim_config_t;

@@ -26,7 +26,8 @@
  *                       no GPU: run a worker child with the other options, titled
  *                       --child-title, and start a new one --respawn-delay-ms after
  *                       each exit, N times; then exit. Ready line:
- *                       "ready <pid> worker <worker pid>"
+ *                       "ready <pid> worker <worker pid>". With --ignore-term the
+ *                       supervisor ignores SIGTERM (its workers do not)
  *   --respawn-delay-ms N  (default 100: systemd's RestartSec)
  *
  * Exit status: 0 normal end, 2 usage, 3 the driver refused (OOM, lost GPU,
@@ -432,6 +433,10 @@ static int supervise(struct options *o)
 {
     long restarts = 0;
     int first = 1;
+    int ignore = o->ignore_term;
+    o->ignore_term = 0; /* for the workers */
+    if (ignore)
+        signal(SIGTERM, SIG_IGN);
     for (;;) {
         int sync[2], status;
         char byte;
@@ -448,6 +453,7 @@ static int supervise(struct options *o)
                 close(o->ready_fd);
             o->ready_fd = -1;
             o->supervise = -1;
+            signal(SIGTERM, SIG_DFL);
             if (o->child_title)
                 wk_set_proctitle(o->child_title);
             exit(run_worker(o, sync[1]));

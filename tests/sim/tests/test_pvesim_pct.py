@@ -285,7 +285,23 @@ def unprivileged(registry):
     if os.geteuid() != 0:
         pytest.fail("needs root")
     nsview = Path(__file__).resolve().parents[1] / "gpusim" / "_nsview.py"
-    argv = [sys.executable, "-I", "-S", str(nsview), "--map", "100000", "65536", "--", "unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "300"]
+    argv = [
+        sys.executable,
+        "-I",
+        "-S",
+        str(nsview),
+        "--map",
+        "100000",
+        "65536",
+        "--",
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+        "sleep",
+        "300",
+    ]
     outer = subprocess.Popen(argv)
     deadline = time.monotonic() + 10
     init = None
