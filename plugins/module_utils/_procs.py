@@ -425,6 +425,7 @@ def discover(req: Request) -> Plan:
 def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], guarded: dict[int, str], holders: dict[int, _proctable.Holding]) -> None:
     """Apply protection, scope, users and ``where`` to the candidates, in that order."""
     survivors: list[Candidate] = []
+    denied = 0
     for pid in sorted(cands):
         c = cands[pid]
         f = c.facts
@@ -452,12 +453,19 @@ def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], g
         if req.users is not None and f.uid not in req.users:
             plan.ignored.append({"pid": pid, "why": f"owned by uid {f.uid}, not one of users"})
             continue
+        if not _proctable.may_signal(pid):
+            # Refused before anything is sent: the kernel would answer EPERM.
+            plan.ignored.append({"pid": pid, "why": f"owned by uid {f.uid}: this module runs as uid {os.geteuid()} and may not signal it"})
+            denied += 1
+            continue
         c.user = _username(f.uid)
         c.identity = _proctable.identity(pid)
         if c.identity is None or c.identity[0] != f.starttime:
             plan.ignored.append({"pid": pid, "why": "exited while being inspected"})
             continue
         survivors.append(c)
+    if denied:
+        plan.notes.append(f"{denied} process(es) holding the selected GPUs belong to other users and were left alone; run with become: true to end them.")
     if req.where is not None and survivors:
         records = [c.record() for c in survivors]
         try:

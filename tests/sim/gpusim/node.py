@@ -724,6 +724,7 @@ class Node:
         fork_on_term: bool = False,
         supervise: int | None = None,
         respawn_delay_ms: int | None = None,
+        user: int | None = None,
     ) -> Worker:
         """Start a gpusim-worker. gpus None means [0] for a compute worker and
         every GPU for a hold_only / nvml management client. Each worker gets its
@@ -733,7 +734,8 @@ class Node:
         fork_on_term: on SIGTERM it forks a child (titled child_title) that keeps its contexts,
         then exits. supervise=N: the process is a supervisor holding no GPU (titled title) that
         runs the worker (titled child_title) and restarts it N times, respawn_delay_ms after each
-        exit; ``worker_pid`` is the first worker."""
+        exit; ``worker_pid`` is the first worker. user: run it as this uid (and gid), without
+        supplementary groups, like a job of that user (setpriv; the node must be reachable by it)."""
         if not self._started or self._stopped:
             raise RuntimeError("node is not running")
         gpu_list = [gpus] if isinstance(gpus, int) else list(gpus or [])
@@ -773,12 +775,15 @@ class Node:
         self._seq += 1
         log_path = self.state_dir / "log" / f"worker-{self._seq}.log"
         exe = str(executable or paths.WORKER)
+        setpriv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"] if user is not None else []
         try:
             with open(log_path, "wb") as log:
                 common: dict[str, Any] = {"pass_fds": (w,), "stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "start_new_session": True}
                 if sandbox is not None:
                     common["start_new_session"] = False  # setsid -f gives the worker its own session
-                    popen = sandbox.spawn_detached([exe, *argv[1:]], env=env, **common)  # --title names it
+                    popen = sandbox.spawn_detached([*setpriv, exe, *argv[1:]], env=env, **common)  # --title names it
+                elif setpriv:
+                    popen = subprocess.Popen([*setpriv, exe, *argv[1:]], env=merge_env(os.environ, self.env(), env), **common)
                 else:
                     popen = subprocess.Popen(argv, executable=exe, env=merge_env(os.environ, self.env(), env), **common)
         finally:

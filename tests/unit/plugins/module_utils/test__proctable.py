@@ -13,6 +13,8 @@ import pytest
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable
 
+ROOT = Path(__file__).resolve().parents[4]
+
 HOLDER = textwrap.dedent(
     """
     import ctypes, mmap, os, sys, time
@@ -172,6 +174,31 @@ def test_kernel_threads_are_recognised_by_their_flag() -> None:
     assert _proctable.is_kernel_thread(2) == bool(st["flags"] & _proctable.PF_KTHREAD)
     if _proctable.in_initial_pidns():
         assert _proctable.is_kernel_thread(2)
+
+
+def test_an_ordinary_user_may_signal_only_its_own_processes(tmp_path: Path) -> None:
+    """may_signal() says what kill(2) would: as root, anything; as uid 65534, only its own."""
+    import shutil
+
+    assert _proctable.may_signal(os.getpid())  # root
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not python or not shutil.which("setpriv"):
+        pytest.fail("needs root, setpriv and a python3 every user can run in /usr/bin")
+    root_owned = subprocess.Popen(["sleep", "30"])
+    code = (
+        f"import sys, subprocess; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable\n"
+        "own = subprocess.Popen(['sleep', '30'])\n"
+        f"print(_proctable.may_signal({root_owned.pid}), _proctable.may_signal(own.pid), _proctable.may_signal(1))\n"
+        "own.kill()\n"
+    )
+    try:
+        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", code], capture_output=True, text=True, timeout=30, check=False)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["False", "True", "False"]
+    finally:
+        root_owned.kill()
+        root_owned.wait()
 
 
 def test_attribution_prefers_nvml_then_maps_then_fds() -> None:
