@@ -86,6 +86,7 @@ bench: setup
 	$(PY) tests/bench/kill_verify.py
 	$(PY) tests/bench/inventory.py
 	tests/tools/pidns-run $(PY) tests/bench/role.py
+	tests/tools/pidns-run $(PY) tests/bench/sim.py
 
 clean:
 	rm -rf .build tests/output $(SIM_BUILD) gpuops-clean_slate-*.tar.gz

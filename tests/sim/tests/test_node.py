@@ -90,44 +90,39 @@ def test_env_keeps_other_library_paths(node, monkeypatch) -> None:
     assert node.env(include_library=False)["LD_LIBRARY_PATH"] == "/opt/x:/opt/y"
 
 
-def test_wait_clean(node) -> None:
-    assert node.wait_clean(timeout=1) < 0.01
+def test_wait_clean(node, monkeypatch) -> None:
+    # A clean node answers at once: without a single sleep.
+    with monkeypatch.context() as m:
+        m.setattr("gpusim.node.time.sleep", lambda _s: pytest.fail("wait_clean slept on a clean node"))
+        assert node.wait_clean(timeout=1) >= 0
     w = node.spawn_worker(gpus=[0], mib=10)
     with pytest.raises(TimeoutError):
         node.wait_clean(timeout=0.2)
     w.kill()
-    assert 0.165 <= node.wait_clean(timeout=2) < 0.4
+    node.wait_clean(timeout=10)
+    assert node.contexts() == []
+    w.wait(10)
 
 
-def test_starting_8_workers_takes_under_a_second(node) -> None:
-    t0 = time.monotonic()
+def test_eight_workers_start_and_hold_their_contexts(node) -> None:
+    # How long it takes: tests/bench/sim.py.
     ws = [node.spawn_worker(gpus=[i], mib=20000, title=f"sglang::scheduler_TP{i}") for i in range(8)]
-    elapsed = time.monotonic() - t0
-    assert elapsed < 1.0, elapsed
-    assert len(node.contexts()) == 8 and all(w.alive() for w in ws)
+    assert sorted(c["gpu"] for c in node.contexts()) == list(range(8)) and all(w.alive() for w in ws)
 
 
-def test_full_query_of_8_gpus_costs_under_5_ms(node, nvml) -> None:
+def test_a_full_query_of_8_gpus_reads_every_gpu(node, nvml) -> None:
+    # What one query costs: tests/bench/sim.py.
     for i in range(8):
         node.spawn_worker(gpus=[i], mib=1000)
-    per_query = nvml(
+    per_gpu = nvml(
         node,
         """
         nvmlInit()
         hs = [nvmlDeviceGetHandleByIndex(i) for i in range(nvmlDeviceGetCount())]
-        def query():
-            for h in hs:
-                nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)
-                nvmlDeviceGetComputeRunningProcesses(h)
-        query()
-        samples = []
-        for _ in range(200):
-            t0 = time.perf_counter(); query(); samples.append(time.perf_counter() - t0)
-        samples.sort()
-        result = samples[len(samples) // 2]
+        result = [[nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2).used // MIB, len(nvmlDeviceGetComputeRunningProcesses(h))] for h in hs]
     """,
     )
-    assert per_query < 0.005, per_query
+    assert per_gpu == [[1000 + CONTEXT_OVERHEAD_MIB, 1]] * 8
 
 
 # ------------------------------------------------------------------ CLI

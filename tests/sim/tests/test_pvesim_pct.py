@@ -306,9 +306,10 @@ def unprivileged(registry):
     deadline = time.monotonic() + 10
     init = None
     while time.monotonic() < deadline and init is None:
+        # The first child may be _nsview's short-lived id-map helper: wait for the init itself.
         children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children")
         pids = children.read_text().split() if children.exists() else []
-        init = int(pids[0]) if pids else None
+        init = next((int(p) for p in pids if Path(f"/proc/{p}/comm").exists() and Path(f"/proc/{p}/comm").read_text().strip() == "sleep"), None)
         time.sleep(0.02)
     assert init, "the namespace's init did not start"
     register(registry, 151, pid=init, unprivileged=1)

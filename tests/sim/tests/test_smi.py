@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
-import time
 
 import pytest
 from gpusim import CONTEXT_OVERHEAD_MIB, Node, paths
@@ -91,10 +89,8 @@ def test_exit_codes(node, tmp_path) -> None:
     assert smi(node, "--bogus").returncode == 2
 
 
-def test_a_call_is_a_fast_c_exec(node) -> None:
-    times = []
-    for _unused in range(15):
-        t0 = time.perf_counter()
-        smi(node, QUERY, "--format=csv,noheader")
-        times.append(time.perf_counter() - t0)
-    assert statistics.median(times) < 0.03, times
+def test_a_call_loads_the_library_and_exits(node) -> None:
+    # It is a C program that dlopens libnvidia-ml.so.1 like the real one (how fast: tests/bench/sim.py).
+    r = smi(node, QUERY, "--format=csv,noheader")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 8
+    assert smi(node, QUERY, "--format=csv,noheader", env={"LD_LIBRARY_PATH": ""}).returncode == 12
