@@ -127,6 +127,18 @@ def test_status_verbose_follows_the_pve_version(registry, tmp_path):
     assert pct(registry, "status", "129").stdout == "status: running\n"
 
 
+def test_status_verbose_prints_what_the_api_reports_for_a_container(registry):
+    """pct status --verbose prints PVE::LXC::vmstatus, key by key, except cpu; the API's
+    status/current (a recorded PVE 8 answer in pvesim/fixtures) is the same hash plus ha."""
+    fixture = Path(__file__).resolve().parents[1] / "pvesim" / "fixtures" / "lxc_status_current.json"
+    doc = json.loads(fixture.read_text())
+    api = doc.get("data", doc)
+    register(registry, 129, pid=os.getpid())
+    (registry / "pve").write_text("8\n")
+    keys = {line.split(": ", 1)[0] for line in pct(registry, "status", "129", "--verbose").stdout.splitlines()}
+    assert keys == set(api) - {"cpu", "ha"}
+
+
 def test_each_call_takes_about_a_second(tmp_path):
     """The real pct is a Perl program that loads the PVE API modules before it acts: about a
     second per call, errors included. The default models that; latency_ms changes it."""
