@@ -32,9 +32,12 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def _enc(value):
+    return None if value is None else os.fsencode(value)
+
+
 def _mount(src, dst, fstype, flags, data=None) -> None:
-    enc = lambda v: None if v is None else os.fsencode(v)  # noqa: E731
-    _check(libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {src} on {dst}")
+    _check(libc.mount(_enc(src), _enc(dst), _enc(fstype), flags, _enc(data)), f"mount {src} on {dst}")
 
 
 def root_view(expose: list) -> None:
