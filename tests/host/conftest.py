@@ -55,6 +55,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def host() -> t.Iterator[Host]:
     with Node(gpus=4) as node:
+        # Realistic teardown here too: workers wait in the kernel until their contexts are freed.
+        assert node.teardown, "no FUSE in the private /dev: the simulated driver could not mount teardown/"
         node.publish_devices("/dev")
         h = Host(node)
         yield h

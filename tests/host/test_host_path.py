@@ -67,7 +67,8 @@ def test_the_protection_rules_hold_for_the_machines_own_processes(host: Host) ->
     assert protected[os.getpid()] == "an ancestor of this module (its interpreter, Ansible, sshd or the become chain)"
     assert set(by_pid(r)) == {worker.pid}
     attempted = {d.target for d in host.guard.log if d.signal}
-    assert attempted == {worker.pid}, host.guard.log  # not even an attempt on the named ones
+    # Not even an attempt on the named ones (Ansible signalling its own workers is its business).
+    assert worker.pid in attempted and not attempted & set(named), host.guard.log
 
 
 def test_a_listed_pid_that_holds_nothing_here_is_not_trusted(host: Host) -> None:

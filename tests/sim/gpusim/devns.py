@@ -21,6 +21,8 @@ CLONE_NEWNS = 0x00020000
 MS_NOSUID, MS_BIND, MS_REC, MS_PRIVATE = 2, 4096, 16384, 1 << 18
 #: The character devices every program may open, as a stock /dev has them (name: major, minor, mode).
 BASIC = {"null": (1, 3, 0o666), "zero": (1, 5, 0o666), "full": (1, 7, 0o666), "random": (1, 8, 0o666), "urandom": (1, 9, 0o666), "tty": (5, 0, 0o666)}
+#: The FUSE device, for the simulated driver's teardown mount (root only, as on this machine).
+FUSE = ("fuse", (10, 229, 0o600))
 
 
 def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -39,7 +41,9 @@ def private_dev() -> None:
         raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("gpusim-dev", "/dev", "tmpfs", MS_NOSUID, "mode=0755")
-    for name, (major, minor, mode) in BASIC.items():
+    for name, (major, minor, mode) in [*BASIC.items(), FUSE]:
+        if name == "fuse" and not os.path.exists("/sys/module/fuse") and not _in_proc_devices("misc"):
+            continue
         os.mknod(f"/dev/{name}", stat.S_IFCHR | mode, os.makedev(major, minor))
         os.chmod(f"/dev/{name}", mode)
     os.mkdir("/dev/pts")
@@ -53,6 +57,14 @@ def private_dev() -> None:
         pass  # no pseudo-terminals: nothing here needs one
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"/dev/{name}")
+
+
+def _in_proc_devices(name: str) -> bool:
+    try:
+        with open("/proc/devices", encoding="ascii") as fh:
+            return any(line.split()[1:2] == [name] for line in fh)
+    except OSError:
+        return False
 
 
 def dev_is_private() -> bool:
