@@ -18,7 +18,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(ROOT)
 export PATH := $(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all setup test demo sanity units functional lab lint docs build bench clean distclean
+.PHONY: all setup test demo sanity units functional host lab lint docs build bench clean distclean
 
 all: setup
 
@@ -64,6 +64,11 @@ units: setup
 functional: setup
 	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/functional tests/sim/tests $(PYTEST_ARGS)
 
+# The host path (initial PID namespace, /dev): guarded so that it can signal only its own victims
+# (tests/host/conftest.py says how); deliberately not under pidns-run.
+host: setup
+	$(BIN)/pytest -q -p no:cacheprovider tests/host $(PYTEST_ARGS)
+
 lab: setup
 	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/lab $(PYTEST_ARGS)
 
@@ -82,6 +87,7 @@ bench: setup
 	$(PY) tests/bench/inventory.py
 	tests/tools/pidns-run $(PY) tests/bench/role.py
 	tests/tools/pidns-run $(PY) tests/bench/residue.py
+	tests/tools/pidns-run $(PY) tests/bench/sim.py
 
 clean:
 	rm -rf .build tests/output $(SIM_BUILD) gpuops-clean_slate-*.tar.gz

@@ -233,18 +233,49 @@ def resolve_users(users: t.Sequence[t.Any]) -> set[int] | None:
     for user in users:
         text = str(user)
         if text.isdigit():
-            try:
-                pwd.getpwuid(int(text))
-            except (KeyError, OverflowError):
-                # A typo in a uid would otherwise silently select nothing, and the run would look clean.
-                raise CleanSlateError(f"users: no user with uid {text} on this host.", reason="bad_arguments") from None
-            uids.add(int(text))
+            uid = int(text)
+            # A typo in a uid would otherwise silently select nothing, and the run would look clean. But a
+            # uid need not be in passwd to be real: an unprivileged LXC container's root is uid 100000 on
+            # its Proxmox host, which has no passwd entry for it. So a uid counts when passwd knows it, a
+            # subordinate id range (/etc/subuid) holds it, or a live process runs under it.
+            if not _uid_known(uid):
+                raise CleanSlateError(
+                    f"users: no user with uid {text} on this host (not in passwd, not in /etc/subuid, and no process runs as it).",
+                    reason="bad_arguments",
+                )
+            uids.add(uid)
             continue
         try:
             uids.add(pwd.getpwnam(text).pw_uid)
         except KeyError:
             raise CleanSlateError(f"users: no user named {text!r} on this host.", reason="bad_arguments") from None
     return uids
+
+
+def _uid_known(uid: int) -> bool:
+    """Whether ``uid`` is a user of this host: in passwd, in a subordinate id range, or running a process."""
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except (KeyError, OverflowError):
+        pass
+    try:
+        with open("/etc/subuid", encoding="utf-8") as fh:
+            for line in fh:
+                parts = line.strip().split(":")
+                if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and int(parts[1]) <= uid < int(parts[1]) + int(parts[2]):
+                    return True
+    except OSError:
+        pass
+    for pid in _proctable.pids():
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def read_facts(pid: int) -> ProcFacts | None:
@@ -615,6 +646,7 @@ def discover(req: Request) -> Plan:
 def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], guarded: dict[int, str], holders: dict[int, _proctable.Holding]) -> None:
     """Apply protection, scope, users and ``where`` to the candidates, in that order."""
     survivors: list[Candidate] = []
+    denied = 0
     for pid in sorted(cands):
         c = cands[pid]
         f = c.facts
@@ -651,12 +683,19 @@ def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], g
         if req.users is not None and f.uid not in req.users:
             plan.ignored.append({"pid": pid, "why": f"owned by uid {f.uid}, not one of users"})
             continue
+        if not _proctable.may_signal(pid):
+            # Refused before anything is sent: the kernel would answer EPERM.
+            plan.ignored.append({"pid": pid, "why": f"owned by uid {f.uid}: this module runs as uid {os.geteuid()} and may not signal it"})
+            denied += 1
+            continue
         c.user = _username(f.uid)
         c.identity = _proctable.identity(pid)
         if c.identity is None or c.identity[0] != f.starttime:
             plan.ignored.append({"pid": pid, "why": "exited while being inspected"})
             continue
         survivors.append(c)
+    if denied:
+        plan.notes.append(f"{denied} process(es) holding the selected GPUs belong to other users and were left alone; run with become: true to end them.")
     if req.where is not None and survivors:
         records = [c.record() for c in survivors]
         try:

@@ -145,6 +145,35 @@ def identity(pid: int) -> tuple[int, str, bytes, str | None, int | None] | None:
     return (st["starttime"], st["comm"], cmdline, exe, uid)
 
 
+def _has_cap_kill() -> bool:
+    """Whether this process may signal any process (CAP_KILL in its effective set)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & (1 << 5))  # CAP_KILL
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def may_signal(pid: int) -> bool:
+    """Whether the kernel would let this process signal ``pid`` (kill(2): CAP_KILL, or our real
+    or effective uid equal to its real or saved uid). A module run without become as an ordinary
+    user sees other users' GPU processes through NVML but may not end them."""
+    if os.geteuid() == 0 or _has_cap_kill():
+        return True
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            uids = next((line.split()[1:] for line in fh if line.startswith("Uid:")), None)
+    except OSError:
+        return True  # gone: nothing to refuse; the signal path reports it vanished
+    if not uids or len(uids) < 3:
+        return True
+    target = {int(uids[0]), int(uids[2])}
+    return bool(target & {os.getuid(), os.geteuid()})
+
+
 def is_kernel_thread(pid: int) -> bool:
     """True for kernel threads (PF_KTHREAD), which must never be signalled.
 

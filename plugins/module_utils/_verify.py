@@ -33,6 +33,12 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
 # Diagnoses that waiting cannot change: stop polling early when only these remain.
 TERMINAL = frozenset({"gpu_lost", "unsupported", "needs_reset"})
 
+# Device memory a live context costs beyond what NVML charges its process (9 MiB for a torch
+# process on an H200: 518 MiB listed, 527 MiB used device-wide), with room to spare. A GPU whose
+# listed processes explain its memory up to this much each is not held by anyone unlisted; a real
+# leftover context (>= 518 MiB) is far above it.
+CONTEXT_OVERHEAD_ALLOWANCE_MIB = 32
+
 ADVICE = {
     "busy": "end them with gpuops.clean_slate.gpu_procs_kill (or stop the service that owns them), then verify again.",
     "held_outside_namespace": (
@@ -197,10 +203,15 @@ def diagnose(
     listed_on = nvml_minors or {}
     visible_listed = sorted(p.pid for p in reading.processes if os.path.exists(f"/proc/{p.pid}") and p.pid not in own)
     invisible_listed = sorted(p.pid for p in reading.processes if not os.path.exists(f"/proc/{p.pid}"))
-    explained = sum(p.used_mib or 0 for p in reading.processes if p.pid in visible_listed)
+    listed_here = [p for p in reading.processes if p.pid in visible_listed]
+    explained = sum(p.used_mib or 0 for p in listed_here)
     # A holder NVML does not list (the CUDA driver maps every GPU's file) is blamed only for memory
-    # that no visible listed process accounts for.
-    unexplained = bool(invisible_listed) or (reading.used_mib or 0) > explained + criteria.max_used_mib
+    # that no visible listed process accounts for: NVML lists a pid that is not here (a forked
+    # child's dead parent), or more is used than the listed processes were charged plus the driver's
+    # own share of each context. Where NVML cannot say what a process uses (MIG), only the first counts.
+    charged = all(p.used_mib is not None for p in listed_here)
+    allowance = criteria.max_used_mib + CONTEXT_OVERHEAD_ALLOWANCE_MIB * len(listed_here)
+    unexplained = bool(invisible_listed) or (charged and (reading.used_mib or 0) > explained + allowance)
     compute_holders = sorted(
         pid
         for pid, h in holders.items()

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from gpusim import CONTEXT_OVERHEAD_MIB
 from support.modules import assert_no_traceback, wait_for
 
 
@@ -19,7 +20,8 @@ def test_idle_h200_reads_clean_not_615_mib_dirty(mod) -> None:
     assert {g["name"] for g in r["gpus"]} == {"NVIDIA H200"}
     assert {g["total_mib"] for g in r["gpus"]} == {143771}
     assert all(g["diagnosis"] == "clean" and g["memory_api"] == "v2" for g in r["gpus"])
-    assert r["polls"] == 1 and r["time_to_clean_s"] is not None and r["elapsed_s"] < 0.5
+    # Answered by the first poll (how fast that is, tests/bench/kill_verify.py measures).
+    assert r["polls"] == 1 and r["time_to_clean_s"] is not None
     assert r["driver_version"] == "580.159.04"
     assert r["msg"].startswith("8/8 GPUs clean in ")
     assert r["python"]["missing"] == []
@@ -31,13 +33,14 @@ def test_live_worker_is_dirty_and_named(mod, node, sandbox) -> None:
     assert (r["_status"], r["reason"]) == ("failed", "not_clean")
     assert r["clean"] is False and r["clean_count"] == 7
     g3 = r["gpus"][3]
-    assert g3["used_mib"] == 20000 and g3["diagnosis"] == "busy"
+    assert g3["used_mib"] == 20000 + CONTEXT_OVERHEAD_MIB and g3["diagnosis"] == "busy"
     assert [p["pid"] for p in g3["processes"]] == [w.ns_pid]
     assert g3["processes"][0]["used_mib"] == 20000 and g3["processes"][0]["visible"] is True
     assert str(w.ns_pid) in g3["detail"] and "gpu_procs_kill" in g3["detail"]
     assert f"GPU 3 ({g3['uuid']}): busy" in r["msg"]
     assert all(g["clean"] for i, g in enumerate(r["gpus"]) if i != 3)
-    assert 0.3 <= r["elapsed_s"] < 1.5
+    # It kept polling until its deadline (a lower bound: safe however loaded the machine is).
+    assert r["elapsed_s"] >= 0.3 and r["polls"] > 1
     assert_no_traceback(r)
 
 
@@ -49,19 +52,27 @@ def test_report_only_mode_does_not_fail(mod, sandbox) -> None:
 
 
 def test_memory_released_within_the_deadline_reads_clean_when_the_driver_frees_it(mod, node, sandbox) -> None:
-    # A long release delay makes the moment measurable against Ansible's start-up time.
-    node.set_release_timing(delay_ms=2500)
+    # A long release delay: the module starts while the driver still holds the memory.
+    node.set_release_timing(delay_ms=4000)
     w = sandbox.spawn_worker(gpus=[2], mib=30000)
     w.kill()
-    killed_at = time.time()
-    r = mod("gpu_mem_verify", {"timeout": 10, "interval": 0.02})
+    deadline = time.monotonic() + 5
+    while not [c for c in node.contexts() if c["state"] == "releasing"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    [ctx] = node.contexts()
+    # The daemon's release stamp (CLOCK_MONOTONIC) as wall-clock time, to compare with the module's.
+    released_at = time.time() + (ctx["release_ns"] - time.monotonic_ns()) / 1e9
+    r = mod("gpu_mem_verify", {"timeout": 20, "interval": 0.02})
     assert r["_status"] == "ok", r
     record = r["_run"].task("Run gpuops.clean_slate.gpu_mem_verify")
     module_start = record["time"] - r["elapsed_s"]
     clean_at = module_start + r["time_to_clean_s"]
-    # Clean as soon as the driver released the memory (2.5 s after the kill), not before and not much after.
-    assert killed_at + 2.5 - 0.05 <= clean_at <= killed_at + 2.5 + 0.35, clean_at - killed_at
+    # The order of events: it polled while the memory was held (more than one poll) and read the
+    # GPU clean only once the driver had freed it (never before; 50 ms for the clock conversion),
+    # within its deadline. How soon after is a benchmark's business.
     assert r["polls"] > 1
+    assert clean_at >= released_at - 0.05, (clean_at, released_at)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +107,7 @@ def test_lost_gpu_is_diagnosed_without_waiting_out_the_timeout(mod, node) -> Non
     assert g5["diagnosis"] == "gpu_lost" and g5["clean"] is False and "reboot" in g5["detail"]
     assert all(g["clean"] for i, g in enumerate(r["gpus"]) if i != 5)
     assert "expected 8 GPUs, found 7 healthy of 8 (lost: GPU 5)" in r["msg"]
-    assert r["elapsed_s"] < 2, "a lost GPU cannot recover by waiting"
+    assert r["polls"] == 1, "a lost GPU cannot recover by waiting: the first poll settles it"
     assert_no_traceback(r)
 
 
@@ -110,7 +121,7 @@ def test_driver_timeout_on_one_gpu(mod, node) -> None:
 
 
 def test_orphaned_context_with_reset_flag(mod, node) -> None:
-    node.set_fault(orphan={4: 4096})
+    node.set_fault(orphan={4: 4096}, recovery_action={4: 1})  # the driver asks for a GPU reset
     r = mod("gpu_mem_verify", {"timeout": 0.3})
     assert r["_status"] == "failed"
     g4 = r["gpus"][4]
@@ -126,7 +137,7 @@ def test_memory_held_by_the_host_is_held_outside_the_namespace(mod, node) -> Non
     node.spawn_worker(gpus=[1], mib=8000)
     r = mod("gpu_mem_verify", {"timeout": 0.2})
     g1 = r["gpus"][1]
-    assert g1["used_mib"] == 8000 and g1["processes"] == []
+    assert g1["used_mib"] == 8000 + CONTEXT_OVERHEAD_MIB and g1["processes"] == []
     assert g1["diagnosis"] == "held_outside_namespace"
     assert "Proxmox host" in g1["detail"]
 
@@ -159,7 +170,7 @@ def test_old_driver_without_memory_v2_is_estimated_and_says_so(mod, node, sandbo
     sandbox.spawn_worker(gpus=[0], mib=5000)
     r = mod("gpu_mem_verify", {"timeout": 0, "fail_on_dirty": False})
     assert all(g["memory_api"] == "v1" for g in r["gpus"])
-    assert [g["used_mib"] for g in r["gpus"]] == [5000] + [0] * 7
+    assert [g["used_mib"] for g in r["gpus"]] == [5000 + CONTEXT_OVERHEAD_MIB] + [0] * 7
     assert {g["reserved_mib"] for g in r["gpus"]} == {615}
     assert any("lacks nvmlDeviceGetMemoryInfo_v2" in n for n in r["notes"])
 
@@ -241,7 +252,7 @@ def test_check_mode_reads_the_same(mod, sandbox) -> None:
     sandbox.spawn_worker(gpus=[5], mib=2000)
     r = mod("gpu_mem_verify", {"timeout": 0, "fail_on_dirty": False}, check=True)
     assert r["_status"] == "ok" and r["changed"] is False
-    assert r["gpus"][5]["used_mib"] == 2000
+    assert r["gpus"][5]["used_mib"] == 2000 + CONTEXT_OVERHEAD_MIB
 
 
 def bare_python() -> str | None:

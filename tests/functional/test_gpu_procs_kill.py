@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from gpusim import paths
+from gpusim import CONTEXT_OVERHEAD_MIB, paths
 from support.ansible import local_play, run_playbook
 from support.modules import ModuleRunner, assert_no_traceback, wait_for
 
@@ -91,7 +91,7 @@ def test_another_jobs_forked_child_is_not_tied_to_the_selected_gpu(mod, node, sa
     r = mod("gpu_procs_kill", {"gpus": [0], **FAST})
     assert set(by_pid(r)) == {ours.child_ns_pid}
     assert not ours.child_alive() and theirs.child_alive()
-    assert node.memory(1)["used_mib"] == 6000
+    assert node.memory(1)["used_mib"] == 6000 + CONTEXT_OVERHEAD_MIB
 
 
 def test_a_foreign_pid_from_an_old_driver_never_reaches_the_process_that_has_that_number_here(mod, node, sandbox) -> None:
@@ -129,27 +129,32 @@ def test_sigterm_ignoring_worker_is_killed_after_the_grace_period_not_before(mod
     w = sandbox.spawn_worker(gpus=[1], mib=4000, ignore_term=True)
     r = mod("gpu_procs_kill", {"grace_period": 1.5, "kill_timeout": 5})
     t = by_pid(r)[w.ns_pid]
+    # KILL only after TERM was ignored for the whole grace period (a lower bound: never early).
     assert t["outcome"] == "killed" and t["signals_sent"] == ["TERM", "KILL"]
-    assert 1.5 <= t["seconds"] < 2.5
+    assert t["seconds"] >= 1.5
     assert not w.alive()
 
 
 def test_graceful_worker_gets_its_grace(mod, sandbox) -> None:
     w = sandbox.spawn_worker(gpus=[1], mib=4000, term_delay_ms=600)
-    r = mod("gpu_procs_kill", {"grace_period": 5, "kill_timeout": 5})
+    r = mod("gpu_procs_kill", {"grace_period": 60, "kill_timeout": 5})
     t = by_pid(r)[w.ns_pid]
+    # It shut down on its own (no KILL), and was waited for until it had (a lower bound).
     assert t["outcome"] == "terminated" and t["signals_sent"] == ["TERM"]
-    assert 0.55 <= t["seconds"] < 1.5
-    # Returned as soon as the worker was gone, not after the grace period.
-    assert r["elapsed_s"] < 3
+    assert t["seconds"] >= 0.6
+    # Returned as soon as the worker was gone, not after the 60 s grace period: 30 s is far
+    # above any delay a loaded machine adds to a 0.6 s shutdown, and far below the grace.
+    assert r["elapsed_s"] < 30
 
 
 def test_stopped_worker_ends_on_sigterm_thanks_to_sigcont(mod, sandbox) -> None:
     w = sandbox.spawn_worker(gpus=[2], mib=4000, stop=True)
     r = mod("gpu_procs_kill", {"grace_period": 5, "kill_timeout": 5})
     t = by_pid(r)[w.ns_pid]
+    # Continued after TERM, so it acted on it: terminated, no KILL (without the CONT it would
+    # have sat out the grace period and been killed).
     assert t["signals_sent"] == ["TERM", "CONT"]
-    assert t["outcome"] == "terminated" and t["seconds"] < 1
+    assert t["outcome"] == "terminated"
     assert not w.alive()
 
 
@@ -314,7 +319,9 @@ def test_process_stuck_in_d_state_is_reported_unkillable(mod, sandbox) -> None:
         t = by_pid(r)[w.ns_pid]
         assert t["outcome"] == "unkillable" and t["state"] == "D" and t["wchan"]
         assert f"PID {w.ns_pid}" in r["msg"] and "state D" in r["msg"]
-        assert r["elapsed_s"] < 3
+        # It gave up after grace + kill_timeout (0.7 s) instead of hanging on the frozen task; 30 s
+        # is far above what a loaded machine adds and far below "never returns".
+        assert r["elapsed_s"] < 30
     finally:
         (group / "freezer.state").write_text("THAWED")
         w.wait_gone(5)

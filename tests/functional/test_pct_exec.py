@@ -198,13 +198,15 @@ def test_inventory_to_pct_exec_on_every_running_gpu_container_of_a_node(registry
 
 def test_local_play_helper_reaches_the_module(registry, container):
     # The same module through a hand-written play, with register + failed_when as users write it.
+    # Inside the container PID 1 is its init (sleep) and it is the only sleep; on this host
+    # PID 1 is the test sandbox's init, so a command that ran anywhere else would say otherwise.
     tasks = [
         {
-            "name": "Count python processes",
-            MODULE: {"vmid": 150, "command": "ps -eo comm | grep -c python || true", "pct_path": FAKE_PCT},
-            "register": "pythons",
+            "name": "Look inside",
+            MODULE: {"vmid": 150, "command": "sh -c 'cat /proc/1/comm; ps -eo comm | grep -cx sleep'", "pct_path": FAKE_PCT},
+            "register": "inside",
         },
-        {"name": "Show", "ansible.builtin.assert": {"that": ["pythons.rc == 0", "pythons.stdout | int >= 0"]}},
+        {"name": "Show", "ansible.builtin.assert": {"that": ["inside.rc == 0", "inside.stdout_lines == ['sleep', '1']", "inside.vmid == 150"]}},
     ]
     run = run_playbook(local_play(tasks), inventory="localhost,", env=registry.env())
     assert run.rc == 0, run.output

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from gpusim import Node
+from gpusim import CONTEXT_OVERHEAD_MIB, Node
 from support.ansible import ROOT, VENV_PYTHON, run_playbook
 
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
@@ -104,7 +104,7 @@ def test_include_role_from_another_play_publishes_its_result(two_nodes, tmp_path
     assert run.task("Start the server only on a clean slate")["status"] == "ok"
     report = json.loads((report_dir / "host-a.json").read_text())
     assert report["clean"] is True and report["ended"] == 1 and report["after"] == [0, 0, 0, 0]
-    assert report["before"][1] == 8000
+    assert report["before"][1] == 8000 + CONTEXT_OVERHEAD_MIB
 
 
 def test_check_mode_reports_what_would_end_and_ends_nothing(two_nodes, tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def test_job_template_run_publishes_per_host_artifacts(job) -> None:
 
 def test_job_fails_and_says_why_when_a_gpu_cannot_be_freed(job) -> None:
     node, sb, pdd = job
-    node.set_fault(orphan={1: 4096})
+    node.set_fault(orphan={1: 4096}, recovery_action={1: 1})  # leaked, and the driver asks for a reset
     rc, status, events = run_job(pdd, sb)
     assert rc != 0 and status["status"] == "failed"
     data = stats_artifacts(events)["clean_slate"]["node1"]

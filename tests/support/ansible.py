@@ -96,13 +96,19 @@ def run_playbook(
     wrapper: Sequence[str] = (),
     timeout: float = 600,
     cwd: str | Path | None = None,
+    runner: Any = None,
+    owner: int | None = None,
 ) -> AnsibleRun:
     """Run ansible-playbook; ``playbook`` is a path or a list of plays to write out.
 
     ``wrapper`` prefixes the command (for example an ``nsenter`` into a
-    sandbox PID namespace).
+    sandbox PID namespace). ``runner(cmd, env=, cwd=, timeout=)`` replaces
+    subprocess.run (the host gate runs Ansible under its signal guard). ``owner``
+    hands the run's files to that uid (Ansible run as an unprivileged container's root).
     """
     with tempfile.TemporaryDirectory(prefix="gpuops-run-") as tmp:
+        if owner is not None:
+            os.chown(tmp, owner, owner)
         if isinstance(playbook, list):
             path = Path(tmp) / "playbook.yml"
             path.write_text(yaml.safe_dump(playbook, sort_keys=False))
@@ -114,6 +120,8 @@ def run_playbook(
         if extra_vars:
             evfile = Path(tmp) / "extra_vars.json"
             evfile.write_text(json.dumps(extra_vars))
+            if owner is not None:
+                os.chown(evfile, owner, owner)
             cmd += ["-e", f"@{evfile}"]
         if check:
             cmd.append("--check")
@@ -127,15 +135,18 @@ def run_playbook(
             cmd += ["--forks", str(forks)]
         cmd += list(args)
         start = time.monotonic()
-        proc = subprocess.run(
-            cmd,
-            env=ansible_env(env, results_path),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=str(cwd or ROOT),
-            check=False,
-        )
+        if runner is not None:
+            proc = runner(cmd, env=ansible_env(env, results_path), cwd=str(cwd or ROOT), timeout=timeout)
+        else:
+            proc = subprocess.run(
+                cmd,
+                env=ansible_env(env, results_path),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=str(cwd or ROOT),
+                check=False,
+            )
         elapsed = time.monotonic() - start
         records: list[dict[str, Any]] = []
         if os.path.exists(results_path):
@@ -170,6 +181,8 @@ def run_module(
     wrapper: Sequence[str] = (),
     timeout: float = 300,
     interpreter: str = VENV_PYTHON,
+    runner: Any = None,
+    owner: int | None = None,
 ) -> tuple[dict[str, Any], AnsibleRun]:
     """Run one module on localhost through ansible-playbook and return its result."""
     name = f"Run {module}"
@@ -182,6 +195,8 @@ def run_module(
         diff=diff,
         wrapper=wrapper,
         timeout=timeout,
+        runner=runner,
+        owner=owner,
     )
     record = run.task(name)
     result = dict(record["result"])

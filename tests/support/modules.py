@@ -37,7 +37,9 @@ class ModuleRunner:
         e["PATH"] = f"{SIM_BIN}:{self.node.bin_dir}:{os.environ.get('PATH', '')}"
         e.update(env or {})
         wrapper = self.sandbox.nsenter_prefix() if self.sandbox is not None else ()
-        extra = {"interpreter": interpreter} if interpreter else {}
+        extra: dict[str, t.Any] = {"interpreter": interpreter} if interpreter else {}
+        if self.sandbox is not None and getattr(self.sandbox, "root_uid", None) is not None:
+            extra["owner"] = self.sandbox.root_uid  # an unprivileged container's root runs Ansible
         result, run = run_module(f"gpuops.clean_slate.{module}", args, env=e, check=check, diff=diff, wrapper=wrapper, **extra)
         self.last_run = run
         result["_run"] = run

@@ -19,9 +19,9 @@ real signals) runs unchanged against it:
 See docs/simulator.md.
 """
 
-from .description import Description, Faults, GpuSpec
+from .description import CONTEXT_OVERHEAD_MIB, Description, Faults, GpuSpec
 from .node import Node, Worker, WorkerError
 from .paths import BIN_DIR, LIB_DIR
 from .sandbox import Sandbox
 
-__all__ = ["BIN_DIR", "LIB_DIR", "Description", "Faults", "GpuSpec", "Node", "Sandbox", "Worker", "WorkerError"]
+__all__ = ["BIN_DIR", "CONTEXT_OVERHEAD_MIB", "LIB_DIR", "Description", "Faults", "GpuSpec", "Node", "Sandbox", "Worker", "WorkerError"]

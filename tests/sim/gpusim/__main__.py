@@ -10,8 +10,9 @@
 --state defaults to $GPUSIM_STATE. Fault keys: init_error=NAME, lost=3[,4],
 timeout=FN[,FN] (with timeout_gpus=1,2 and timeout_delay_ms=N), orphan=GPU:MIB[,...],
 recovery_action=GPU:N[,...], legacy_pids=1, memory_v2_unsupported=1,
-process_api=v1|v2|v3, memory_na=1, library_absent=1; also release_delay_ms=N and
-release_gap_ms=N. An empty value clears that fault.
+process_api=v1|v2|v3, memory_na=1, library_absent=1, phantom_pids=GPU:PID[,...]; also
+release_delay_ms=N, release_gap_ms=N, teardown_hang_ms=N, context_overhead_mib=N and
+mig=GPU[,...] (MIG mode on for those, off for the others). An empty value clears that fault.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def cmd_node_start(args: argparse.Namespace) -> int:
         release_delay_ms=args.release_delay_ms,
         release_gap_ms=args.release_gap_ms,
         seed=args.seed,
+        minors=[int(x) for x in args.minors.split(",")] if args.minors else None,
+        context_overhead_mib=args.context_overhead_mib,
+        teardown=not args.no_teardown,
     )
     node.start(detach=True)
     sys.stdout.write(_exports(node))
@@ -155,6 +159,20 @@ def cmd_fault(args: argparse.Namespace) -> int:
             kw[key] = value or None
         elif key in ("release_delay_ms", "release_gap_ms"):
             timing[key.replace("release_", "")] = int(value)
+        elif key == "phantom_pids":
+            pids: dict[int, list[int]] = {}
+            for part in filter(None, value.split(",")):
+                gpu, _unused, pid = part.partition(":")
+                pids.setdefault(int(gpu), []).append(int(pid))
+            kw[key] = pids or None
+        elif key == "teardown_hang_ms":
+            node.set_teardown(hang_ms=int(value or 0))
+        elif key == "context_overhead_mib":
+            node.set_context_overhead(int(value or 0))
+        elif key == "mig":
+            on = {int(x) for x in value.split(",") if x}
+            node.set_mig([g.index for g in node.gpus if g.index in on], True)
+            node.set_mig([g.index for g in node.gpus if g.index not in on], False)
         else:
             raise SystemExit(f"gpusim fault: unknown key {key!r}")
     if timeout:
@@ -189,9 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--name", default="NVIDIA H200")
     start.add_argument("--total-mib", type=int, default=143771)
     start.add_argument("--reserved-mib", type=int, default=615)
-    start.add_argument("--release-delay-ms", type=int, default=100)
-    start.add_argument("--release-gap-ms", type=int, default=90)
+    start.add_argument("--release-delay-ms", type=int, default=185)
+    start.add_argument("--release-gap-ms", type=int, default=60)
     start.add_argument("--seed", default="gpusim")
+    start.add_argument("--minors", help="device minors in index order, e.g. 3,2,1,0 (default: minor = index)")
+    start.add_argument("--context-overhead-mib", type=int, default=9)
+    start.add_argument("--no-teardown", action="store_true", help="exiting workers leave at once (no FUSE teardown)")
     stop = node_sub.add_parser("stop", help="stop a node: its daemon and every holder of its devices")
     stop.add_argument("--state")
     stop.add_argument("--purge", action="store_true", help="also remove the state directory")

@@ -20,6 +20,9 @@ H200_PCI_DEVICE_ID = 0x233510DE  # device 0x2335, vendor 0x10DE
 H200_PCI_SUBSYSTEM_ID = 0x18BE10DE
 
 PROCESS_APIS = ("v1", "v2", "v3")
+#: Device memory a live CUDA context costs beyond what NVML charges its process: a torch process
+#: listed with 518 MiB used 527 MiB device-wide on an H200 (gpu-facts §4b).
+CONTEXT_OVERHEAD_MIB = 9
 
 
 @dataclass
@@ -33,7 +36,7 @@ class GpuSpec:
     minor: int
     total_mib: int
     reserved_mib: int
-    mig_mode: int = 0
+    mig_mode: int = 0  #: 1: MIG on (processes carry GPU/compute instance ids, per-process memory N/A)
     pci_device_id: int = H200_PCI_DEVICE_ID
     pci_subsystem_id: int = H200_PCI_SUBSYSTEM_ID
 
@@ -54,12 +57,16 @@ class Faults:
     memory_v2_unsupported: bool = False  #: nvmlDeviceGetMemoryInfo_v2 -> FUNCTION_NOT_FOUND
     process_api: str = "v3"  #: newest process entry point that exists
     memory_na: bool = False  #: per-process usedGpuMemory = NVML_VALUE_NOT_AVAILABLE
+    #: GPU -> pids the compute list reports that hold nothing (driver/binding skew, nvitop#181)
+    phantom_pids: dict[int, list[int]] = field(default_factory=dict)
 
     def recovery(self, gpu: int) -> int:
-        """Effective recovery action: explicit, else GPU_RESET (1) for an orphaned context."""
-        if gpu in self.recovery_action:
-            return self.recovery_action[gpu]
-        return 1 if self.orphan.get(gpu, 0) > 0 else 0
+        """Effective recovery action: explicit, else NONE (0).
+
+        Real leaked memory usually carries no recovery action (the driver does not know it
+        leaked), so an orphan alone leaves the flag at NONE; set ``recovery_action`` for the
+        cases where the driver does ask for a reset."""
+        return self.recovery_action.get(gpu, 0)
 
 
 @dataclass
@@ -74,6 +81,13 @@ class Description:
     # after the process exits, several contexts on one GPU freed ~60 ms apart.
     release_delay_ms: int = 185
     release_gap_ms: int = 60
+    # A CUDA context costs the device more than the process is charged for: 527 MiB device-wide for
+    # a torch process NVML lists with 518 MiB (gpu-facts §4b, measured on an H200). This much of
+    # every live context is "used" memory that no listed process explains.
+    context_overhead_mib: int = CONTEXT_OVERHEAD_MIB
+    # How long an exiting CUDA process stays in the driver (state D) after its memory is back:
+    # 0 on the H200 (the process was gone when its memory was), more to model a task stuck there.
+    teardown_hang_ms: int = 0
     faults: Faults = field(default_factory=Faults)
 
     # ------------------------------------------------------------ building
@@ -85,16 +99,25 @@ class Description:
         total_mib: int,
         reserved_mib: int,
         seed: str = "gpusim",
+        minors: list[int] | None = None,
         **kw: object,
     ) -> Description:
-        """A node of `gpus` identical GPUs with deterministic UUIDs and bus ids."""
+        """A node of `gpus` identical GPUs with deterministic UUIDs and bus ids.
+
+        ``minors`` gives each GPU's device minor (``/dev/nvidia<minor>``) in index order; the
+        default is minor == index. NVML orders GPUs by PCI bus id while the kernel driver numbers
+        the device files in its own probe order, so the two can differ on a real node."""
+        if minors is None:
+            minors = list(range(gpus))
+        if len(minors) != gpus or len(set(minors)) != gpus or min(minors) < 0 or max(minors) > 254:
+            raise ValueError(f"minors must be {gpus} distinct numbers from 0 to 254 (255 is nvidiactl), got {minors}")
         specs = [
             GpuSpec(
                 index=i,
                 name=name,
                 uuid=gpu_uuid(seed, i),
                 pci_bus_id=f"00000000:{bus_number(i):02X}:00.0",
-                minor=i,
+                minor=minors[i],
                 total_mib=total_mib,
                 reserved_mib=reserved_mib,
             )
@@ -112,6 +135,8 @@ class Description:
             f"cuda_driver_version={self.cuda_driver_version}",
             f"release_delay_ms={self.release_delay_ms}",
             f"release_gap_ms={self.release_gap_ms}",
+            f"context_overhead_mib={self.context_overhead_mib}",
+            f"teardown_hang_ms={self.teardown_hang_ms}",
             f"gpu_count={len(self.gpus)}",
         ]
         for g in self.gpus:
@@ -141,6 +166,7 @@ class Description:
             f"fault.timeout_gpus={','.join(str(i) for i in f.timeout_gpus)}",
             f"fault.timeout_delay_ms={f.timeout_delay_ms}",
             f"fault.recovery_explicit={','.join(f'{k}:{v}' for k, v in sorted(f.recovery_action.items()))}",
+            f"fault.phantom_pids={','.join(f'{g}:{p}' for g, pids in sorted(f.phantom_pids.items()) for p in pids)}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -164,6 +190,9 @@ class Description:
             timeout_delay_ms=int(kv.get("fault.timeout_delay_ms", "0") or 0),
             recovery_action={int(k): int(v) for k, v in (p.split(":") for p in _split(kv.get("fault.recovery_explicit", "")))},
         )
+        for pair in _split(kv.get("fault.phantom_pids", "")):
+            g, p = pair.split(":")
+            faults.phantom_pids.setdefault(int(g), []).append(int(p))
         gpus = []
         for i in range(int(kv.get("gpu_count", "0"))):
             p = f"gpu.{i}."
@@ -191,8 +220,10 @@ class Description:
             driver_version=kv.get("driver_version", "580.159.04"),
             nvml_version=kv.get("nvml_version", "13.580.159.04"),
             cuda_driver_version=int(kv.get("cuda_driver_version", "13000")),
-            release_delay_ms=int(kv.get("release_delay_ms", "100")),
-            release_gap_ms=int(kv.get("release_gap_ms", "90")),
+            release_delay_ms=int(kv.get("release_delay_ms", "185")),
+            release_gap_ms=int(kv.get("release_gap_ms", "60")),
+            context_overhead_mib=int(kv.get("context_overhead_mib", "0")),
+            teardown_hang_ms=int(kv.get("teardown_hang_ms", "0")),
             faults=faults,
         )
 

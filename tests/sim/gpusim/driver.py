@@ -21,6 +21,10 @@ It plays the part of nvidia.ko's resource manager for one node:
 The daemon must run in the PID namespace of whoever starts the node (tests
 run workloads in child namespaces, where it is as invisible as a kernel).
 While it runs it holds an OFD write lock on byte 0 of ``driver.lock``.
+
+With ``--teardown`` it also serves ``teardown/`` over FUSE (gpusim.teardown): an exiting
+worker then stays in the kernel, in state D, until the driver has freed its contexts, as a
+torch process does on the real driver.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ from pathlib import Path
 from .description import Description
 from .procfs import ofd_lock, pid_levels, pidns_inode
 from .state import Context, read_records, remove_record, write_record
+from .teardown import TeardownFS
+
+KINDS = ("compute", "graphics", "mps")
 
 MIB = 1 << 20
 
@@ -66,6 +73,8 @@ class Driver:
         self._desc: Description | None = None
         self._desc_key: tuple[int, int, int] | None = None
         self.own_ns = pidns_inode()
+        self.contexts: dict[int, Context] = {}  # live and releasing contexts, by id
+        self.teardown: TeardownFS | None = None
 
     # ---------------------------------------------------------- description
     def desc(self) -> Description:
@@ -96,15 +105,17 @@ class Driver:
                     remove_record(self.state, ctx.id)
                     continue
                 self.slots[ctx.id] = _Slot(ctx.gpu, ctx.mib, ctx.release_ns)
+                self.contexts[ctx.id] = ctx
                 self.last_release[ctx.gpu] = max(self.last_release.get(ctx.gpu, 0), ctx.release_ns)
                 threading.Thread(target=self._expire, args=(ctx,), daemon=True).start()
             else:
                 self.slots[ctx.id] = _Slot(ctx.gpu, ctx.mib)
+                self.contexts[ctx.id] = ctx
                 threading.Thread(target=self._watch, args=(ctx,), daemon=True).start()
 
     # ---------------------------------------------------------- registration
-    def _used_mib(self, gpu: int) -> int:
-        return sum(s.mib for s in self.slots.values() if s.gpu == gpu)
+    def _used_mib(self, gpu: int, overhead: int = 0) -> int:
+        return sum(s.mib + overhead for s in self.slots.values() if s.gpu == gpu)
 
     def _reserve(self, gpu: int, mib: int) -> tuple[int, int] | str:
         """Allocate a context id, or return an error line."""
@@ -118,7 +129,8 @@ class Driver:
             now = time.monotonic_ns()
             for cid in [c for c, s in self.slots.items() if s.release_ns is not None and s.release_ns <= now]:
                 del self.slots[cid]
-            free = spec.total_mib - spec.reserved_mib - desc.faults.orphan.get(gpu, 0) - self._used_mib(gpu)
+            overhead = desc.context_overhead_mib
+            free = spec.total_mib - spec.reserved_mib - desc.faults.orphan.get(gpu, 0) - self._used_mib(gpu, overhead) - overhead
             if mib > free:
                 return f"error OOM out of memory: {mib} MiB requested, {max(free, 0)} MiB free on GPU {gpu}"
             cid = self.next_id
@@ -135,10 +147,17 @@ class Driver:
                 if line[:1] == ["ping"]:
                     f.write(b"pong\n")
                     return
-                if len(line) != 3 or line[0] != "register":
-                    f.write(b"error PROTOCOL expected: register <gpu> <mib>\n")
+                if line[:1] == ["teardown"] and len(line) == 2 and line[1] in ("pause", "resume"):
+                    # Tear-down of a sandbox or the node: exits are answered at once meanwhile.
+                    if self.teardown is not None:
+                        self.teardown.pause(line[1] == "pause")
+                    f.write(b"ok\n")
+                    return
+                if len(line) not in (3, 4) or line[0] != "register" or (len(line) == 4 and line[3] not in KINDS):
+                    f.write(b"error PROTOCOL expected: register <gpu> <mib> [compute|graphics|mps]\n")
                     return
                 gpu, mib = int(line[1]), int(line[2])
+                kind = line[3] if len(line) == 4 else "compute"
             except (ValueError, OSError):
                 return
             pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
@@ -161,7 +180,9 @@ class Driver:
                 levels = []
             if not levels or levels[0][0] != self.own_ns:
                 levels = [(self.own_ns, pid)]  # exited already, or /proc is not our namespace's
-            ctx = Context(id=cid, gpu=gpu, minor=minor, mib=mib, lock=cid, pid=pid, levels=levels, created_ns=time.monotonic_ns())
+            ctx = Context(id=cid, gpu=gpu, minor=minor, mib=mib, lock=cid, pid=pid, levels=levels, created_ns=time.monotonic_ns(), kind=kind)
+            with self.mutex:
+                self.contexts[cid] = ctx
             write_record(self.state, ctx)
             threading.Thread(target=self._watch, args=(ctx,), daemon=True).start()
             try:
@@ -170,6 +191,46 @@ class Driver:
                 pass  # the context exists regardless; the watcher handles its end
 
     # ---------------------------------------------------------- teardown
+    def _timing(self) -> tuple[int, int]:
+        try:
+            desc = self.desc()
+            return desc.release_delay_ms * 1_000_000, desc.release_gap_ms * 1_000_000
+        except OSError:
+            return 185_000_000, 60_000_000
+
+    def _schedule(self, ctx: Context, dead: int) -> bool:
+        """Stamp the context dead at ``dead`` and compute its release (mutex held).
+        False if it already had one (the exit path got there first)."""
+        if ctx.release_ns is not None:
+            return False
+        delay, gap = self._timing()
+        release = max(dead + delay, self.last_release.get(ctx.gpu, 0) + gap)
+        self.last_release[ctx.gpu] = release
+        slot = self.slots.get(ctx.id)
+        if slot:
+            slot.release_ns = release
+        ctx.dead_ns, ctx.release_ns = dead, release
+        return True
+
+    def on_exit(self, ids: list[int], _pid: int) -> int | None:
+        """The last holder of these contexts is exiting (teardown file closed): free them now
+        and say when that is done, which is when the exiting process may go."""
+        now = time.monotonic_ns()
+        releases = []
+        with self.mutex:
+            for cid in ids:
+                ctx = self.contexts.get(cid)
+                if ctx is None:
+                    continue
+                if self._schedule(ctx, now):
+                    try:
+                        write_record(self.state, ctx)
+                    except OSError:
+                        pass
+                if ctx.release_ns is not None:
+                    releases.append(ctx.release_ns)
+        return max(releases) if releases else None
+
     def _watch(self, ctx: Context) -> None:
         """Block until every holder of the context is gone, then schedule its release."""
         fd = os.open(self.state / "driver" / f"nvidia{ctx.minor}", os.O_RDWR | os.O_CLOEXEC)
@@ -179,22 +240,13 @@ class Driver:
             ofd_lock(fd, ctx.lock, fcntl.F_UNLCK, wait=False)
         finally:
             os.close(fd)
-        try:
-            desc = self.desc()
-            delay, gap = desc.release_delay_ms * 1_000_000, desc.release_gap_ms * 1_000_000
-        except OSError:
-            delay, gap = 185_000_000, 60_000_000
         with self.mutex:
-            release = max(dead + delay, self.last_release.get(ctx.gpu, 0) + gap)
-            self.last_release[ctx.gpu] = release
-            slot = self.slots.get(ctx.id)
-            if slot:
-                slot.release_ns = release
-        ctx.dead_ns, ctx.release_ns = dead, release
-        try:
-            write_record(self.state, ctx)
-        except OSError:
-            return  # state dir removed: the node is gone
+            fresh = self._schedule(ctx, dead)
+        if fresh:
+            try:
+                write_record(self.state, ctx)
+            except OSError:
+                return  # state dir removed: the node is gone
         self._expire(ctx)
 
     def _expire(self, ctx: Context) -> None:
@@ -207,12 +259,19 @@ class Driver:
         remove_record(self.state, ctx.id)
         with self.mutex:
             self.slots.pop(ctx.id, None)
+            self.contexts.pop(ctx.id, None)
 
     # ---------------------------------------------------------- main loop
-    def serve(self, ready_fd: int | None, watch_parent: bool) -> None:
+    def serve(self, ready_fd: int | None, watch_parent: bool, teardown: bool = False) -> None:
         self._lock_fd = self.lock_instance()  # open (hence locked) until we exit
         (self.state / "driver.pid").write_text(f"{os.getpid()}\n")
         self.adopt()
+        if teardown:
+            fs = TeardownFS(self.state / "teardown", self.on_exit, lambda: self.desc().teardown_hang_ms)
+            if fs.mount():
+                self.teardown = fs
+            else:
+                print("gpusim driver: no FUSE here (/dev/fuse or the right to mount is missing): exits are instant", file=sys.stderr, flush=True)
         path = self.state / "driver.sock"
         if len(os.fsencode(path)) >= 108:
             raise SystemExit(f"gpusim driver: socket path too long: {path}")
@@ -226,6 +285,9 @@ class Driver:
         srv.listen(128)
 
         def stop(_sig: int, _frame: object) -> None:
+            if self.teardown is not None:
+                # Detach the mount; exiting closes /dev/fuse, which aborts any teardown still waiting.
+                self.teardown.unmount()
             for p in (path, self.state / "driver.pid"):
                 try:
                     p.unlink()
@@ -264,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", required=True, type=Path)
     ap.add_argument("--ready-fd", type=int, help="write 'ready' here once serving")
     ap.add_argument("--watch-parent", action="store_true", help="exit when the parent process exits")
+    ap.add_argument("--teardown", action="store_true", help="serve teardown/ over FUSE: exiting workers wait for their contexts to be freed")
     args = ap.parse_args(argv)
-    Driver(args.state.resolve()).serve(args.ready_fd, args.watch_parent)
+    Driver(args.state.resolve()).serve(args.ready_fd, args.watch_parent, args.teardown)
     return 0
 
 

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import select
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import paths
-from .description import PROCESS_APIS, Description, Faults, GpuSpec
+from .description import CONTEXT_OVERHEAD_MIB, PROCESS_APIS, Description, Faults, GpuSpec
 from .procfs import PidHandle, ancestors, children, daemon_running, find_in_namespace, holders
 from .procfs import state as proc_state
 from .state import counted_contexts, memory
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from .sandbox import Sandbox
 
 DEV_FILE_BYTES = 4096  #: device files must be mmappable
+CHAR_DEVICE = (1, 5)  #: major, minor of the character device nodes: /dev/zero's driver
+MS_BIND = 4096
 CRED = struct.Struct("3i")  #: struct ucred: pid, uid, gid
 READY_TIMEOUT = 10.0
 
@@ -56,6 +61,8 @@ class Worker:
         self.child_pid: int | None = None
         self.ns_pid: int | None = None
         self.child_ns_pid: int | None = None
+        self.worker_pid: int | None = None  #: --supervise: the first worker it started
+        self.worker_ns_pid: int | None = None
         self._pid: int | None = None if sandbox else popen.pid
         self._handle: PidHandle | None = None if sandbox else PidHandle(popen.pid)
         self._child: PidHandle | None = None
@@ -113,16 +120,20 @@ class Worker:
         words = data.split()
         pid = int(words[1])
         child = int(words[3]) if len(words) >= 4 and words[2] == b"child" else None
+        supervised = int(words[3]) if len(words) >= 4 and words[2] == b"worker" else None
         if self.sandbox is None:
             self.child_pid = child
+            self.worker_pid = supervised
         else:
             ns = self.sandbox.ns_inode
-            self.ns_pid, self.child_ns_pid = pid, child
+            self.ns_pid, self.child_ns_pid, self.worker_ns_pid = pid, child, supervised
             self._pid = sender or find_in_namespace(ns, pid, children(self.sandbox.init_pid)) or find_in_namespace(ns, pid)
             self._handle = PidHandle(self._pid) if self._pid else None
             if child is not None:
                 near = children(self._pid or 0) + children(self.sandbox.init_pid)
                 self.child_pid = find_in_namespace(ns, child, near) or find_in_namespace(ns, child)
+            if supervised is not None:
+                self.worker_pid = find_in_namespace(ns, supervised, children(self._pid or 0)) or find_in_namespace(ns, supervised)
         if self.child_pid:
             self._child = PidHandle(self.child_pid)
             # --fork-child: the parent exits right after reporting; "ready" means
@@ -227,11 +238,24 @@ class Node:
         nvml_version: str = "13.580.159.04",
         cuda_driver_version: int = 13000,
         seed: str = "gpusim",
+        minors: list[int] | None = None,
+        context_overhead_mib: int = CONTEXT_OVERHEAD_MIB,
+        teardown: bool = True,
+        char_devices: bool | None = None,
     ) -> None:
         if not 1 <= gpus <= 64:
             raise ValueError("gpus must be between 1 and 64")
+        self.want_teardown = teardown
+        self.teardown = False  #: exiting workers wait in the kernel for their teardown (FUSE mounted)
+        self.want_char_devices = char_devices
+        self.char_devices = False  #: the device files are character devices (mknod worked)
+        self.published: Path | None = None  #: where publish_devices() put the device files
         self._owns_dir = path is None
         self.state_dir = Path(tempfile.mkdtemp(prefix="gpusim-") if path is None else path).resolve()
+        if path is None:
+            # Other users reach the node as on a real host (the device files are 0666): an
+            # unprivileged container's root or a test user must be able to walk the directory.
+            os.chmod(self.state_dir, 0o755)
         self.dev_dir = self.state_dir / "dev"
         self.lib_dir = paths.LIB_DIR
         self.bin_dir = paths.BIN_DIR
@@ -246,6 +270,8 @@ class Node:
             cuda_driver_version=cuda_driver_version,
             release_delay_ms=release_delay_ms,
             release_gap_ms=release_gap_ms,
+            minors=minors,
+            context_overhead_mib=context_overhead_mib,
         )
         self._daemon: subprocess.Popen[bytes] | None = None
         self._daemon_handle: PidHandle | None = None
@@ -267,6 +293,13 @@ class Node:
         node.dev_dir = state / "dev"
         node.lib_dir, node.bin_dir = paths.LIB_DIR, paths.BIN_DIR
         node.desc = Description.read(state)
+        node.want_teardown = node.teardown = os.path.ismount(state / "teardown")
+        try:
+            node.char_devices = stat.S_ISCHR(os.stat(state / "dev" / "nvidiactl").st_mode)
+        except OSError:
+            node.char_devices = False
+        node.want_char_devices = node.char_devices
+        node.published = None
         node._daemon = node._daemon_handle = None
         node._workers, node._sandboxes = [], []
         node._started, node._stopped, node._seq = True, False, 0
@@ -288,8 +321,11 @@ class Node:
         paths.ensure_built()
         if daemon_running(self.state_dir):
             raise RuntimeError(f"a gpusim driver already runs for {self.state_dir}")
-        for sub in ("dev", "driver", "ctx", "bin", "log"):
+        for sub in ("dev", "driver", "ctx", "bin", "log", "teardown"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.char_devices = self._char_devices_work() if self.want_char_devices is not False else False
+        if self.want_char_devices and not self.char_devices:
+            raise RuntimeError("char_devices=True, but character device nodes cannot be made and mapped here (mknod needs root outside a user namespace)")
         for old in (self.state_dir / "ctx").iterdir():
             old.unlink()  # a fresh node has no contexts
         self.desc.write(self.state_dir)
@@ -297,14 +333,42 @@ class Node:
         for dev in names:
             self._make_device(dev)
         self._start_daemon(detach)
+        self.teardown = os.path.ismount(self.state_dir / "teardown")
+        if self.want_teardown and not self.teardown and os.environ.get("GPUSIM_REQUIRE_TEARDOWN"):
+            raise RuntimeError(f"the driver could not mount {self.state_dir}/teardown (FUSE): {self._daemon_log()}")
         self._started = True
         if detach:
             atexit.unregister(self.stop)  # the CLI leaves the node running
         return self
 
+    def _char_devices_work(self) -> bool:
+        """Can this machine give the node real character device files? They stand on /dev/zero's
+        driver (1:5: no driver serves NVIDIA's major 195 here), which needs mknod (root outside a
+        user namespace, a file system without nodev) and a kernel that keeps a private mapping
+        of the node file-backed, so /proc/PID/maps names the node as it names /dev/nvidia0."""
+        probe = self.dev_dir / ".probe"
+        try:
+            probe.unlink(missing_ok=True)
+            os.mknod(probe, stat.S_IFCHR | 0o666, os.makedev(*CHAR_DEVICE))
+            fd = os.open(probe, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            probe.unlink(missing_ok=True)
+            return False
+        try:
+            import mmap
+
+            with mmap.mmap(fd, DEV_FILE_BYTES, flags=mmap.MAP_PRIVATE), open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+                return any(line.rstrip("\n").endswith(str(probe)) for line in fh)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+
     def _make_device(self, name: str) -> None:
-        """dev/<name> as a mappable regular file, and the daemon's hard link to
-        it in driver/ (same inode, hence the same locks, but another path).
+        """dev/<name>: a character device where the machine allows it (see
+        _char_devices_work), else a mappable regular file; and the daemon's hard
+        link to it in driver/ (same inode, hence the same locks, but another path).
         Always a new inode, as after a driver reload: processes left over from
         an earlier node on this directory keep the old one, and their locks
         cannot be mistaken for this node's contexts."""
@@ -315,10 +379,62 @@ class Node:
                 old.unlink()
             except FileNotFoundError:
                 pass
-        with open(dev, "wb") as f:
-            f.truncate(DEV_FILE_BYTES)
+        if self.char_devices:
+            os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(*CHAR_DEVICE))
+        else:
+            with open(dev, "wb") as f:
+                f.truncate(DEV_FILE_BYTES)
         os.chmod(dev, 0o666)  # crw-rw-rw- like the real nodes
         os.link(dev, link)
+
+    def publish_devices(self, directory: str | os.PathLike[str] = "/dev") -> Path:
+        """Make the device files appear as ``<directory>/nvidia*`` (bind mounts of dev/*, so the
+        same inodes and locks), for code that uses the default ``/dev``. Only ever do this in a
+        private mount namespace whose ``directory`` is a tmpfs of its own (tests/host does): it
+        changes what every process of that mount namespace sees. Workers, NVML clients and
+        nvidia-smi started afterwards open the files there (GPUSIM_DEV_DIR in env())."""
+        target = Path(directory)
+        libc = ctypes.CDLL(None, use_errno=True)
+        for dev in sorted(self.dev_dir.iterdir()):
+            if not dev.name.startswith("nvidia"):
+                continue
+            dest = target / dev.name
+            if not dest.exists():
+                dest.touch(mode=0o666)
+            if libc.mount(os.fsencode(str(dev)), os.fsencode(str(dest)), None, MS_BIND, None) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"bind-mounting {dev} on {dest}: {os.strerror(err)}")
+        self.published = target
+        return target
+
+    @contextmanager
+    def teardown_paused(self) -> Iterator[None]:
+        """Exits are answered at once meanwhile (used while tearing a sandbox down, so that the
+        test suite does not wait out every worker's realistic teardown)."""
+        paused = self._driver_command("teardown pause") == "ok"
+        try:
+            yield
+        finally:
+            if paused:
+                self._driver_command("teardown resume")
+
+    def _driver_command(self, line: str) -> str | None:
+        if not self.teardown or self._stopped:
+            return None
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(5)
+                s.connect(str(self.state_dir / "driver.sock"))
+                s.sendall(line.encode() + b"\n")
+                return s.makefile("rb").readline().decode().strip()
+        except OSError:
+            return None
+
+    def _daemon_log(self) -> str:
+        try:
+            return (self.state_dir / "log" / "driver.log").read_text(errors="replace")
+        except OSError:
+            return ""
 
     def _start_daemon(self, detach: bool) -> None:
         r, w = os.pipe()
@@ -326,6 +442,8 @@ class Node:
         argv = [sys.executable, "-I", "-c", code, "--state", str(self.state_dir), "--ready-fd", str(w)]
         if not detach:
             argv.append("--watch-parent")
+        if self.want_teardown:
+            argv.append("--teardown")
         with open(self.state_dir / "log" / "driver.log", "ab") as log:
             self._daemon = subprocess.Popen(
                 argv,
@@ -361,23 +479,39 @@ class Node:
             atexit.unregister(self.stop)
         except Exception:  # pragma: no cover - interpreter shutting down
             pass
+        # The daemon goes first: that aborts every teardown in progress, so what is killed
+        # below exits at once instead of waiting out its realistic teardown one after another.
+        self._stop_daemon()
         for sb in list(self._sandboxes):
             sb.stop()
         for w in self._workers:
             w._terminate()
         self._kill_holders()
-        self._stop_daemon()
+        self._unpublish()
+        if os.path.ismount(self.state_dir / "teardown"):
+            from .teardown import unmount
+
+            unmount(self.state_dir / "teardown")
         if self._owns_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _unpublish(self) -> None:
+        if self.published is None:
+            return
+        from .teardown import unmount
+
+        for dev in self.published.glob("nvidia*"):
+            unmount(dev)
+        self.published = None
 
     def _kill_holders(self) -> None:
         """Whatever still holds this node's device files was started against
         it (the state directory is private): workers spawned by the CLI,
         grandchildren, NVML clients. Never ourselves or our ancestors."""
         mine = ancestors(os.getpid())
-        prefix = str(self.dev_dir) + "/"
+        prefixes = [str(self.dev_dir) + "/"] + ([str(self.published) + "/nvidia"] if self.published else [])
         for _unused in range(3):
-            pids = holders(prefix) - mine
+            pids = set().union(*(holders(p) for p in prefixes)) - mine
             if not pids:
                 return
             handles = [PidHandle(p) for p in pids]
@@ -438,11 +572,14 @@ class Node:
         libs = strip("LD_LIBRARY_PATH", self.lib_dir)
         if include_library:
             libs.insert(0, str(self.lib_dir))
-        return {
+        env = {
             "GPUSIM_STATE": str(self.state_dir),
             "LD_LIBRARY_PATH": ":".join(libs),
             "PATH": ":".join([str(self.bin_dir), *strip("PATH", self.bin_dir)]),
         }
+        if self.published is not None:
+            env["GPUSIM_DEV_DIR"] = str(self.published)
+        return env
 
     # ------------------------------------------------------------ description & faults
     @property
@@ -461,7 +598,9 @@ class Node:
         lost=[i, ...]; timeout={"functions": [...], "gpus": [...], "delay_ms": n} (or a list of
         function names); orphan={gpu: mib} and recovery_action={gpu: action} (merged; 0 / None
         removes); legacy_pids=True; memory_v2_unsupported=True; process_api="v1"|"v2"|"v3";
-        memory_na=True; library_absent=True (node.env() drops the library). None resets a fault.
+        memory_na=True; library_absent=True (node.env() drops the library); phantom_pids={gpu: [pid, ...]}
+        (the compute list also reports these pids, holding 0 bytes, as a skewed driver/binding does).
+        None resets a fault.
         """
         f = self.desc.faults
         for key, value in kw.items():
@@ -478,6 +617,8 @@ class Node:
                     f.timeout_delay_ms = int(value.get("delay_ms", 0))
                 else:
                     f.timeout_functions, f.timeout_gpus = list(_as_list(value)), []
+            elif key == "phantom_pids":
+                f.phantom_pids = {} if value is None else {int(g): [int(p) for p in _as_list(pids)] for g, pids in dict(value).items()}
             elif key in ("orphan", "recovery_action"):
                 target: dict[int, int] = getattr(f, key)
                 if value is None:
@@ -497,7 +638,7 @@ class Node:
                 setattr(f, key, bool(value))
             else:
                 raise TypeError(f"unknown fault {key!r}")
-        for gpu in list(f.lost) + list(f.orphan) + list(f.recovery_action) + list(f.timeout_gpus):
+        for gpu in list(f.lost) + list(f.orphan) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.phantom_pids):
             if not 0 <= gpu < len(self.desc.gpus):
                 raise ValueError(f"no GPU {gpu} on this node")
         self.desc.write(self.state_dir)
@@ -512,6 +653,25 @@ class Node:
             self.desc.release_delay_ms = int(delay_ms)
         if gap_ms is not None:
             self.desc.release_gap_ms = int(gap_ms)
+        self.desc.write(self.state_dir)
+
+    def set_teardown(self, hang_ms: int | None = None) -> None:
+        """How long an exiting worker stays in the driver (state D) after its memory is freed:
+        0 (the H200's behaviour) by default; seconds model a task stuck in the driver."""
+        if hang_ms is not None:
+            self.desc.teardown_hang_ms = int(hang_ms)
+        self.desc.write(self.state_dir)
+
+    def set_mig(self, gpus: list[int] | int, enabled: bool = True) -> None:
+        """Switch MIG mode on (or off) for these GPUs: nvmlDeviceGetMigMode reports it, process
+        entries carry GPU instance 1 / compute instance 0 and no per-process memory (N/A)."""
+        for g in [gpus] if isinstance(gpus, int) else gpus:
+            self.desc.gpus[int(g)].mig_mode = int(bool(enabled))
+        self.desc.write(self.state_dir)
+
+    def set_context_overhead(self, mib: int) -> None:
+        """Device memory each live context costs beyond what its process is charged (9 MiB default)."""
+        self.desc.context_overhead_mib = int(mib)
         self.desc.write(self.state_dir)
 
     # ------------------------------------------------------------ observation
@@ -560,10 +720,22 @@ class Node:
         executable: str | os.PathLike[str] | None = None,
         argv0: str | None = None,
         env: dict[str, str | None] | None = None,
+        kind: str = "compute",
+        fork_on_term: bool = False,
+        supervise: int | None = None,
+        respawn_delay_ms: int | None = None,
+        user: int | None = None,
     ) -> Worker:
         """Start a gpusim-worker. gpus None means [0] for a compute worker and
         every GPU for a hold_only / nvml management client. Each worker gets its
-        own session (process group), as a job started by a scheduler does."""
+        own session (process group), as a job started by a scheduler does.
+
+        kind: "graphics" or "mps" puts its contexts in NVML's graphics or MPS process list.
+        fork_on_term: on SIGTERM it forks a child (titled child_title) that keeps its contexts,
+        then exits. supervise=N: the process is a supervisor holding no GPU (titled title) that
+        runs the worker (titled child_title) and restarts it N times, respawn_delay_ms after each
+        exit; ``worker_pid`` is the first worker. user: run it as this uid (and gid), without
+        supplementary groups, like a job of that user (setpriv; the node must be reachable by it)."""
         if not self._started or self._stopped:
             raise RuntimeError("node is not running")
         gpu_list = [gpus] if isinstance(gpus, int) else list(gpus or [])
@@ -572,10 +744,28 @@ class Node:
         argv = [argv0 or str(paths.WORKER), "--state", str(self.state_dir), "--mib", str(mib)]
         for g in gpu_list:
             argv += ["--gpu", str(g)]
-        for flag, on in (("--ignore-term", ignore_term), ("--stop", stop), ("--fork-child", fork_child), ("--hold-only", hold_only), ("--nvml", nvml)):
+        flags = (
+            ("--ignore-term", ignore_term),
+            ("--stop", stop),
+            ("--fork-child", fork_child),
+            ("--hold-only", hold_only),
+            ("--nvml", nvml),
+            ("--fork-on-term", fork_on_term),
+        )
+        for flag, on in flags:
             if on:
                 argv.append(flag)
-        for opt, val in (("--title", title), ("--child-title", child_title), ("--term-delay-ms", term_delay_ms), ("--exit-after-ms", exit_after_ms)):
+        if kind != "compute":
+            argv += ["--kind", kind]
+        options = (
+            ("--title", title),
+            ("--child-title", child_title),
+            ("--term-delay-ms", term_delay_ms),
+            ("--exit-after-ms", exit_after_ms),
+            ("--supervise", supervise),
+            ("--respawn-delay-ms", respawn_delay_ms),
+        )
+        for opt, val in options:
             if val is not None:
                 argv += [opt, str(val)]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -585,12 +775,15 @@ class Node:
         self._seq += 1
         log_path = self.state_dir / "log" / f"worker-{self._seq}.log"
         exe = str(executable or paths.WORKER)
+        setpriv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"] if user is not None else []
         try:
             with open(log_path, "wb") as log:
                 common: dict[str, Any] = {"pass_fds": (w,), "stdin": subprocess.DEVNULL, "stdout": log, "stderr": subprocess.STDOUT, "start_new_session": True}
                 if sandbox is not None:
                     common["start_new_session"] = False  # setsid -f gives the worker its own session
-                    popen = sandbox.spawn_detached([exe, *argv[1:]], env=env, **common)  # --title names it
+                    popen = sandbox.spawn_detached([*setpriv, exe, *argv[1:]], env=env, **common)  # --title names it
+                elif setpriv:
+                    popen = subprocess.Popen([*setpriv, exe, *argv[1:]], env=merge_env(os.environ, self.env(), env), **common)
                 else:
                     popen = subprocess.Popen(argv, executable=exe, env=merge_env(os.environ, self.env(), env), **common)
         finally:
@@ -612,12 +805,13 @@ class Node:
             exe.chmod(0o755)
         return self.spawn_worker(hold_only=not nvml, nvml=nvml, title=name, sandbox=sandbox, executable=exe, argv0=name)
 
-    def sandbox(self, name: str | None = None, vmid: int | None = None, cgroup: bool = True) -> Sandbox:
+    def sandbox(self, name: str | None = None, vmid: int | None = None, cgroup: bool = True, unprivileged: bool = False) -> Sandbox:
         """A private PID namespace (+ mount namespace with its own /proc): the
-        stand-in for an LXC container or a test sandbox. See gpusim.Sandbox."""
+        stand-in for an LXC container or a test sandbox; unprivileged=True adds a
+        user namespace (root inside is host uid 100000). See gpusim.Sandbox."""
         from .sandbox import Sandbox
 
-        sb = Sandbox(self, name=name, vmid=vmid, cgroup=cgroup)
+        sb = Sandbox(self, name=name, vmid=vmid, cgroup=cgroup, unprivileged=unprivileged)
         self._sandboxes.append(sb)
         sb.start()
         return sb

@@ -3,10 +3,15 @@
 A sandbox is ``unshare --pid --fork --mount-proc`` running a small reaping
 init (pid 1 inside, with its own /proc). Commands enter it with
 ``nsenter -t <init> -p -m``. With a vmid it also looks like a Proxmox
-container from the host: its processes live in the cgroup ``lxc/<vmid>``
-(``/proc/PID/cgroup`` reads ``0::/lxc/<vmid>``), their environment has
-``container=lxc``, and :meth:`Sandbox.register_pct` publishes it to the fake
-``pct`` registry.
+container from the host: its processes live in the cgroup ``lxc/<vmid>/ns``
+(``/proc/PID/cgroup`` reads ``0::/lxc/<vmid>/ns``, as pve-container's
+``lxc.cgroup.dir.container = lxc/<vmid>`` with ``.inner = ns`` makes it on
+PVE 8 and 9), their environment has ``container=lxc``, and
+:meth:`Sandbox.register_pct` publishes it to the fake ``pct`` registry.
+
+``unprivileged=True`` adds a user namespace whose uid/gid 0-65535 are host
+ids 100000-165535 (Proxmox's default map for unprivileged containers): from
+the host its processes belong to uid 100000, inside they are root.
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ if TYPE_CHECKING:
     from .node import Node, Worker
 
 INIT_SCRIPT = Path(__file__).resolve().parent / "_sbinit.py"
+NSVIEW_SCRIPT = Path(__file__).resolve().parent / "_nsview.py"
 #: Moves the shell into the sandbox's cgroup ("0" = the writer), then execs the command.
 CGROUP_JOIN = 'echo 0 > "$0" 2>/dev/null; exec "$@"'
+#: Proxmox's default id map for unprivileged containers (/etc/subuid root:100000:65536).
+UNPRIVILEGED_BASE = 100000
+UNPRIVILEGED_COUNT = 65536
 
 
 def cgroup2_base() -> Path | None:
@@ -55,10 +64,13 @@ class Sandbox:
 
     _count = 0
 
-    def __init__(self, node: Node, name: str | None = None, vmid: int | None = None, cgroup: bool = True) -> None:
+    def __init__(self, node: Node, name: str | None = None, vmid: int | None = None, cgroup: bool = True, unprivileged: bool = False) -> None:
         Sandbox._count += 1
         self.node = node
         self.vmid = vmid
+        self.unprivileged = unprivileged
+        #: host uid/gid of the container's root (None: privileged, root is root)
+        self.root_uid: int | None = UNPRIVILEGED_BASE if unprivileged else None
         self.name = name or (f"ct{vmid}" if vmid is not None else f"sandbox{Sandbox._count}")
         self.want_cgroup = cgroup
         self.init_pid = 0  #: host-side (caller's namespace) pid of the sandbox's init
@@ -88,6 +100,13 @@ class Sandbox:
         log = self.node.state_dir / "log" / f"sandbox-{self.name}.log"
         self.exit_log = log.with_suffix(".exits")
         argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-I", "-S", str(INIT_SCRIPT), str(w), str(self.exit_log)]
+        if self.unprivileged:
+            # The user namespace first (unshare(1) here cannot map ranges without newuidmap), then the
+            # PID and mount namespaces it owns; the init's exit log must be writable by its root.
+            view = ["--expose", sys.executable, "--expose", os.path.realpath(sys.executable)]
+            argv = [sys.executable, "-I", "-S", str(NSVIEW_SCRIPT), "--map", str(UNPRIVILEGED_BASE), str(UNPRIVILEGED_COUNT), *view, "--", *argv]
+            self.exit_log.touch()
+            os.chown(self.exit_log, UNPRIVILEGED_BASE, UNPRIVILEGED_BASE)
         try:
             with open(log, "ab") as logf:
                 self._unshare = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, env=env, start_new_session=True)
@@ -111,12 +130,12 @@ class Sandbox:
         return self
 
     def _join_cgroup(self) -> None:
-        """Put the init into lxc/<vmid> (children inherit it); silently skipped
+        """Put the init into lxc/<vmid>/ns (children inherit it); silently skipped
         where no cgroup v2 hierarchy is writable."""
         base = cgroup2_base()
         if base is None:
             return
-        path = base / "lxc" / str(self.vmid)
+        path = base / "lxc" / str(self.vmid) / "ns"
         try:
             path.mkdir(parents=True, exist_ok=True)
             (path / "cgroup.procs").write_text(f"{self.init_pid}\n")
@@ -125,18 +144,20 @@ class Sandbox:
         self.cgroup_path = path
 
     def stop(self) -> None:
-        """SIGKILL the init: the kernel then ends every process in the namespace."""
+        """SIGKILL the init: the kernel then ends every process in the namespace (at once: the
+        node's realistic exit teardown is paused meanwhile)."""
         if self._stopped:
             return
         self._stopped = True
-        if self._init is not None:
-            self._init.signal(signal.SIGKILL)
-        if self._unshare is not None:
-            try:
-                self._unshare.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._unshare.kill()
-                self._unshare.wait()
+        with self.node.teardown_paused():
+            if self._init is not None:
+                self._init.signal(signal.SIGKILL)
+            if self._unshare is not None:
+                try:
+                    self._unshare.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._unshare.kill()
+                    self._unshare.wait()
         if self._init is not None:
             self._init.wait_exit(5)
             self._init.close()
@@ -167,25 +188,31 @@ class Sandbox:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.01)
-        try:
-            self.cgroup_path.parent.rmdir()  # lxc/, if no other container uses it
-        except OSError:
-            pass
+        for parent in (self.cgroup_path.parent, self.cgroup_path.parent.parent):  # lxc/<vmid>, lxc/ if unused
+            try:
+                parent.rmdir()
+            except OSError:
+                pass
 
     def alive(self) -> bool:
         return self._init is not None and self._init.alive()
 
     # ------------------------------------------------------------ running things inside
     def nsenter_prefix(self, join_cgroup: bool = False, wd: str | None = None) -> list[str]:
-        """``["nsenter", "-t", <init>, "-p", "-m", "--"]``: prefix a command to run
-        it inside. join_cgroup=True also moves it into the sandbox's cgroup; wd
-        sets its working directory (entering the mount namespace resets it to /)."""
-        prefix = ["nsenter", "-t", str(self.init_pid), "-p", "-m"]
+        """``["nsenter", "-t", <init>, "-p", "-m", "--"]`` (``-U`` too for an unprivileged
+        sandbox: the command runs as its root, host uid 100000): prefix a command to run it
+        inside. join_cgroup=True also moves it into the sandbox's cgroup (from the host side,
+        before entering: the container's root may not write the host's cgroup files); wd sets
+        its working directory (entering the mount namespace resets it to /)."""
+        prefix: list[str] = []
+        if join_cgroup and self.cgroup_path is not None:
+            prefix += ["/bin/sh", "-c", CGROUP_JOIN, str(self.cgroup_path / "cgroup.procs")]
+        prefix += ["nsenter", "-t", str(self.init_pid), "-p", "-m"]
+        if self.unprivileged:
+            prefix.append("-U")
         if wd:
             prefix.append(f"--wd={wd}")
         prefix.append("--")
-        if join_cgroup and self.cgroup_path is not None:
-            prefix += ["/bin/sh", "-c", CGROUP_JOIN, str(self.cgroup_path / "cgroup.procs")]
         return prefix
 
     def _command(
@@ -245,6 +272,10 @@ class Sandbox:
                 return int(code)
         return None
 
+    def host_uid(self, uid: int) -> int:
+        """The host uid of ``uid`` inside the sandbox (the uid map of an unprivileged one)."""
+        return uid if self.root_uid is None else self.root_uid + uid
+
     def spawn_worker(self, **kwargs: Any) -> Worker:
         """node.spawn_worker(..., sandbox=self)."""
         return self.node.spawn_worker(sandbox=self, **kwargs)
@@ -255,8 +286,8 @@ class Sandbox:
     # ------------------------------------------------------------ fake pct
     def register_pct(self, registry_dir: str | os.PathLike[str], node_name: str = "pve1", status: str = "running") -> Path:
         """Write ``<registry_dir>/<vmid>.json`` for the fake ``pct`` (env PCTSIM_DIR):
-        {"vmid", "status", "pid" (host pid of the init, null when stopped), "node", "hostname"}.
-        Sandbox.stop() rewrites it as stopped."""
+        {"vmid", "status", "pid" (host pid of the init, null when stopped), "node", "hostname",
+        "unprivileged" (and its "config" says so)}. Sandbox.stop() rewrites it as stopped."""
         if self.vmid is None:
             raise ValueError("register_pct needs a sandbox created with a vmid")
         reg = Path(registry_dir)
@@ -272,6 +303,11 @@ class Sandbox:
             "node": node_name,
             "hostname": self.name,
         }
+        if self.cgroup_path is not None:
+            data["cgroup"] = str(self.cgroup_path)
+        if self.unprivileged:
+            data["unprivileged"] = 1
+            data["config"] = {"unprivileged": 1}
         path = reg / f"{self.vmid}.json"
         tmp = reg / f".{self.vmid}.json.tmp"
         tmp.write_text(json.dumps(data) + "\n")

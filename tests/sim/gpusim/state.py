@@ -32,6 +32,7 @@ class Context:
     created_ns: int = 0
     dead_ns: int | None = None  #: when the last holder closed the device
     release_ns: int | None = None  #: when the driver has freed the memory
+    kind: str = "compute"  #: compute | graphics | mps: which NVML process list shows the owner
 
     @property
     def state(self) -> str:
@@ -44,6 +45,7 @@ class Context:
             f"pid={self.pid}\nlevels={levels}\ncreated_ns={self.created_ns}\n"
             f"dead_ns={'' if self.dead_ns is None else self.dead_ns}\n"
             f"release_ns={'' if self.release_ns is None else self.release_ns}\n"
+            f"kind={self.kind}\n"
         )
 
     @classmethod
@@ -65,6 +67,7 @@ class Context:
             created_ns=int(kv.get("created_ns") or 0),
             dead_ns=int(kv["dead_ns"]) if kv.get("dead_ns") else None,
             release_ns=int(kv["release_ns"]) if kv.get("release_ns") else None,
+            kind=kv.get("kind") or "compute",
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -79,6 +82,7 @@ class Context:
             "created_ns": self.created_ns,
             "dead_ns": self.dead_ns,
             "release_ns": self.release_ns,
+            "kind": self.kind,
         }
 
 
@@ -120,7 +124,8 @@ def read_records(state_dir: Path) -> list[Context]:
 
 def _lock_held(state_dir: Path, ctx: Context) -> bool:
     try:
-        fd = os.open(Path(state_dir) / "dev" / f"nvidia{ctx.minor}", os.O_RDONLY | os.O_CLOEXEC)
+        # driver/ holds hard links of the device files (same inode, same locks) in every setup.
+        fd = os.open(Path(state_dir) / "driver" / f"nvidia{ctx.minor}", os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
@@ -150,19 +155,22 @@ def counted_contexts(state_dir: Path) -> list[Context]:
 def memory(state_dir: Path, desc: Description, gpu: int, contexts: list[Context] | None = None) -> dict[str, int]:
     """Memory of one GPU in MiB, computed like the library does.
 
-    used_mib is NVML v2 "used" (contexts + orphaned memory, without reserved);
-    v1_used_mib is NVML v1 "used" (which adds the reserved memory)."""
+    used_mib is NVML v2 "used" (contexts, their driver overhead and orphaned memory, without
+    reserved); v1_used_mib is NVML v1 "used" (which adds the reserved memory)."""
     spec = desc.gpus[gpu]
     ctxs = counted_contexts(state_dir) if contexts is None else contexts
-    held = sum(c.mib for c in ctxs if c.gpu == gpu)
+    mine = [c for c in ctxs if c.gpu == gpu]
+    held = sum(c.mib for c in mine)
+    overhead = desc.context_overhead_mib * len(mine)
     orphan = desc.faults.orphan.get(gpu, 0)
-    used = min(held + orphan, spec.total_mib - spec.reserved_mib)
+    used = min(held + overhead + orphan, spec.total_mib - spec.reserved_mib)
     return {
         "used_mib": used,
         "reserved_mib": spec.reserved_mib,
         "total_mib": spec.total_mib,
         "free_mib": spec.total_mib - spec.reserved_mib - used,
         "contexts_mib": held,
+        "overhead_mib": overhead,
         "orphan_mib": orphan,
         "v1_used_mib": used + spec.reserved_mib,
     }

@@ -124,6 +124,10 @@ static void set_key(sim_config_t *cfg, const char *key, const char *val)
         copy_str(cfg->nvml_version, sizeof cfg->nvml_version, val);
     } else if (strcmp(key, "cuda_driver_version") == 0) {
         cfg->cuda_driver_version = (int)parse_ull(val);
+    } else if (strcmp(key, "fault.phantom_pids") == 0) {
+        copy_str(cfg->phantom_pids, sizeof cfg->phantom_pids, val);
+    } else if (strcmp(key, "context_overhead_mib") == 0) {
+        cfg->context_overhead_mib = parse_ull(val);
     } else if (strcmp(key, "gpu_count") == 0) {
         unsigned long long n = parse_ull(val);
         cfg->gpu_count = n > SIM_MAX_GPUS ? SIM_MAX_GPUS : (unsigned)n;
@@ -240,4 +244,11 @@ void sim_config_refresh(void)
 void sim_config_forget(void)
 {
     loaded.valid = 0;
+}
+
+/* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION came with R550: older drivers answer the field with
+ * NVML_ERROR_NOT_SUPPORTED in its own nvmlReturn. */
+int sim_recovery_action_supported(void)
+{
+    return atoi(sim_cfg.driver_version) >= 550;
 }

@@ -22,6 +22,7 @@ sim_config_t sim_cfg;
 char sim_state[PATH_MAX];
 struct nvmlDevice_st sim_devices[SIM_MAX_GPUS];
 unsigned long long sim_caller_pidns;
+char sim_dev_dir[PATH_MAX];
 
 /* Like the real library, an initialised NVML keeps the control devices open
  * (management clients show up as fd holders without mmaps). */
@@ -202,7 +203,7 @@ int sim_device_open(unsigned index)
     char path[PATH_MAX + 32];
     struct nvmlDevice_st *d = &sim_devices[index];
     if (d->fd < 0) {
-        snprintf(path, sizeof path, "%s/dev/nvidia%u", sim_state, sim_cfg.gpus[index].minor);
+        snprintf(path, sizeof path, "%s/nvidia%u", sim_dev_dir, sim_cfg.gpus[index].minor);
         d->fd = open(path, O_RDWR | O_CLOEXEC);
     }
     return d->fd;
@@ -262,6 +263,11 @@ static nvmlReturn_t do_init(unsigned int flags)
     if (!state || !state[0] || strlen(state) >= sizeof sim_state)
         return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
     snprintf(sim_state, sizeof sim_state, "%s", state);
+    /* Like the real library, which opens /dev/nvidia*: a node published under /dev says so. */
+    if (getenv("GPUSIM_DEV_DIR") && getenv("GPUSIM_DEV_DIR")[0])
+        snprintf(sim_dev_dir, sizeof sim_dev_dir, "%s", getenv("GPUSIM_DEV_DIR"));
+    else
+        snprintf(sim_dev_dir, sizeof sim_dev_dir, "%s/dev", state);
     sim_config_forget();
     if (sim_config_load(sim_state, &sim_cfg) < 0)
         return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
@@ -269,11 +275,11 @@ static nvmlReturn_t do_init(unsigned int flags)
         return sim_leave(sim_cfg.init_error);
 
     close_all();
-    snprintf(path, sizeof path, "%s/dev/nvidiactl", sim_state);
+    snprintf(path, sizeof path, "%s/nvidiactl", sim_dev_dir);
     ctl_fd = open(path, O_RDWR | O_CLOEXEC);
     if (ctl_fd < 0)
         return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
-    snprintf(path, sizeof path, "%s/dev/nvidia-uvm", sim_state);
+    snprintf(path, sizeof path, "%s/nvidia-uvm", sim_dev_dir);
     uvm_fd = open(path, O_RDWR | O_CLOEXEC);
 
     /* The namespace cannot change for this process (setns only affects

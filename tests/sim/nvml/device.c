@@ -306,7 +306,7 @@ nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t
 
 /* ------------------------------------------------------------ field values */
 
-/* Only the recovery action is modelled; every other field reports
+/* Only the recovery action is modelled (from driver R550 on); every other field reports
  * NOT_SUPPORTED in its own nvmlReturn while the call itself succeeds. */
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
 {
@@ -325,7 +325,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
         v->timestamp = stamp;
         v->latencyUsec = 0;
         memset(&v->value, 0, sizeof v->value);
-        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) {
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && sim_recovery_action_supported()) {
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->value.uiVal = g->recovery_action;
             v->nvmlReturn = NVML_SUCCESS;

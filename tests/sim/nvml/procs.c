@@ -3,12 +3,15 @@
  * point versions, with NVML's two-call count protocol; plus the newer
  * nvmlDeviceGetRunningProcessDetailList.
  *
- * Simulated contexts are all compute contexts, so the graphics and MPS lists
- * are always empty (but follow the same protocol and faults).
+ * Each context has a kind (the worker's --kind): compute contexts show in the compute
+ * list, graphics ones (an X or Vulkan client) in the graphics list, MPS clients in the MPS
+ * list. On a GPU in MIG mode every entry carries a GPU and compute instance id and, as
+ * nvitop observes, no per-process memory (NVML_VALUE_NOT_AVAILABLE).
  */
 #define _GNU_SOURCE
 #include "sim.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 enum proc_kind { KIND_COMPUTE, KIND_GRAPHICS, KIND_MPS };
@@ -26,14 +29,14 @@ static int collect(unsigned gpu, enum proc_kind kind)
 {
     static sim_ctx_t ctx[SIM_MAX_CTX];
     int n, count = 0;
-    if (kind != KIND_COMPUTE)
-        return 0;
     n = sim_ctx_scan(gpu, ctx, SIM_MAX_CTX);
     if (n > SIM_MAX_CTX)
         n = SIM_MAX_CTX;
     for (int i = 0; i < n; i++) {
         unsigned pid;
         int j;
+        if (ctx[i].kind != (int)kind)
+            continue;
         if (!sim_ctx_visible_pid(&ctx[i], &pid))
             continue; /* owner not visible from the caller's PID namespace */
         for (j = 0; j < count && entries[j].pid != pid; j++)
@@ -45,7 +48,27 @@ static int collect(unsigned gpu, enum proc_kind kind)
         }
         entries[j].bytes += ctx[i].mib * 1024ULL * 1024ULL;
     }
-    if (sim_cfg.memory_na) /* as under MIG (or WDDM): per-process memory unknown */
+    if (kind == KIND_COMPUTE) {
+        /* phantom_pids fault: entries a skewed driver/binding reports, holding nothing. */
+        const char *p = sim_cfg.phantom_pids;
+        while (*p && count < SIM_MAX_CTX) {
+            char *end;
+            unsigned long g = strtoul(p, &end, 10), pid;
+            if (end == p || *end != ':')
+                break;
+            p = end + 1;
+            pid = strtoul(p, &end, 10);
+            if (end == p)
+                break;
+            p = *end == ',' ? end + 1 : end;
+            if (g == gpu) {
+                entries[count].pid = (unsigned)pid;
+                entries[count].bytes = 0;
+                count++;
+            }
+        }
+    }
+    if (sim_cfg.memory_na || sim_cfg.gpus[gpu].mig_mode) /* MIG (or WDDM): per-process memory unknown */
         for (int i = 0; i < count; i++)
             entries[i].bytes = NVML_VALUE_NOT_AVAILABLE;
     return count;
@@ -70,7 +93,7 @@ static nvmlReturn_t list(const char *fn, int version, enum proc_kind kind, nvmlD
         *infoCount = (unsigned)n;
         return sim_leave(n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS);
     }
-    gi = g->mig_mode ? 0 : 0xFFFFFFFFu; /* MIG off: no GPU/compute instance */
+    gi = g->mig_mode ? 1 : 0xFFFFFFFFu; /* MIG off: no GPU/compute instance */
     for (int i = 0; i < n; i++) {
         if (version == 1) {
             nvmlProcessInfo_v1_t *p = (nvmlProcessInfo_v1_t *)infos + i;
@@ -84,7 +107,7 @@ static nvmlReturn_t list(const char *fn, int version, enum proc_kind kind, nvmlD
             p->pid = entries[i].pid;
             p->usedGpuMemory = entries[i].bytes;
             p->gpuInstanceId = gi;
-            p->computeInstanceId = gi;
+            p->computeInstanceId = g->mig_mode ? 0 : gi;
         }
     }
     *infoCount = (unsigned)n;
@@ -169,13 +192,13 @@ nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProc
         plist->numProcArrayEntries = (unsigned)n;
         return sim_leave(n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS);
     }
-    gi = g->mig_mode ? 0 : 0xFFFFFFFFu;
+    gi = g->mig_mode ? 1 : 0xFFFFFFFFu;
     for (int i = 0; i < n; i++) {
         nvmlProcessDetail_v1_t *p = &plist->procArray[i];
         p->pid = entries[i].pid;
         p->usedGpuMemory = entries[i].bytes;
         p->gpuInstanceId = gi;
-        p->computeInstanceId = gi;
+        p->computeInstanceId = g->mig_mode ? 0 : gi;
         p->usedGpuCcProtectedMemory = 0;
     }
     plist->numProcArrayEntries = (unsigned)n;

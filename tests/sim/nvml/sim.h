@@ -57,6 +57,8 @@ typedef struct sim_config {
     int memory_v2_unsupported;
     int memory_na;
     int process_api; /* newest process entry point that exists: 1, 2 or 3 */
+    unsigned long long context_overhead_mib; /* device memory per live context no process is charged */
+    char phantom_pids[2048]; /* "gpu:pid,gpu:pid": entries the compute list reports that hold nothing */
     char timeout_functions[2048]; /* ",name,name," (leading/trailing comma for matching) */
     int timeout_delay_ms;
 } sim_config_t;
@@ -71,6 +73,7 @@ struct nvmlDevice_st {
 typedef struct sim_ctx {
     unsigned id;
     unsigned gpu;
+    int kind; /* 0 compute, 1 graphics, 2 mps: the NVML process list that shows it */
     unsigned long long mib;
     int nlevels;
     unsigned long long level_ns[SIM_MAX_LEVELS]; /* pid-namespace inode, outermost first */
@@ -84,12 +87,16 @@ extern sim_config_t sim_cfg;
 extern char sim_state[PATH_MAX];
 extern struct nvmlDevice_st sim_devices[SIM_MAX_GPUS];
 extern unsigned long long sim_caller_pidns; /* inode of the caller's PID namespace */
+extern char sim_dev_dir[PATH_MAX];           /* $GPUSIM_DEV_DIR, else $GPUSIM_STATE/dev */
 
 /* ---- config.c ---- */
 int sim_config_load(const char *state_dir, sim_config_t *cfg);
 void sim_config_refresh(void);
 void sim_config_forget(void);
 nvmlReturn_t sim_error_from_name(const char *name);
+
+/* Recovery-action field (230) exists from driver R550 on. */
+int sim_recovery_action_supported(void);
 
 /* ---- errors (core.c) ---- */
 const char *sim_error_string(nvmlReturn_t rc);

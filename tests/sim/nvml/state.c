@@ -66,7 +66,8 @@ static int context_held(unsigned gpu, off_t lock)
     int fd, held;
     if (gpu < SIM_MAX_GPUS && sim_devices[gpu].fd >= 0)
         return byte_locked(sim_devices[gpu].fd, lock);
-    snprintf(path, sizeof path, "%s/dev/nvidia%u", sim_state, sim_cfg.gpus[gpu].minor);
+    /* driver/ holds hard links of the device files: the same inodes, hence the same locks. */
+    snprintf(path, sizeof path, "%s/driver/nvidia%u", sim_state, sim_cfg.gpus[gpu].minor);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -134,6 +135,8 @@ static int read_record(int dirfd, const char *name, unsigned gpu, sim_ctx_t *c, 
             parse_levels(c, eq);
         else if (strcmp(line, "release_ns") == 0 && eq[0])
             *release_ns = strtoll(eq, NULL, 10);
+        else if (strcmp(line, "kind") == 0)
+            c->kind = strcmp(eq, "graphics") == 0 ? 1 : strcmp(eq, "mps") == 0 ? 2 : 0;
     }
     return have_gpu && c->gpu == gpu;
 }
@@ -185,14 +188,15 @@ int sim_ctx_scan(unsigned gpu, sim_ctx_t *out, int max)
     return count;
 }
 
-/* Device memory held by contexts of `gpu` (no namespace filtering, as in RM). */
+/* Device memory held by contexts of `gpu` (no namespace filtering, as in RM): what the
+ * processes are charged plus the driver's own overhead per context, which no process is. */
 unsigned long long sim_ctx_used_mib(unsigned gpu)
 {
     static sim_ctx_t ctx[SIM_MAX_CTX];
     unsigned long long sum = 0;
     int n = sim_ctx_scan(gpu, ctx, SIM_MAX_CTX);
     for (int i = 0; i < n && i < SIM_MAX_CTX; i++)
-        sum += ctx[i].mib;
+        sum += ctx[i].mib + sim_cfg.context_overhead_mib;
     return sum;
 }
 

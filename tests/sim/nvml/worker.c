@@ -18,6 +18,17 @@
  *                       handles, then stay (NVML management client)
  *   --ready-fd FD       write "ready <pid>[ child <pid>]\n" there, then close
  *   --exit-after-ms N   exit by itself after N ms
+ *   --kind K            compute (default), graphics or mps: the NVML process list
+ *                       its contexts show in (an X/Vulkan client, an MPS client)
+ *   --fork-on-term      on SIGTERM, fork a child that keeps the contexts (titled
+ *                       --child-title) before exiting: a child forked during shutdown
+ *   --supervise N       be a supervisor (torchrun agent, systemd Restart=) holding
+ *                       no GPU: run a worker child with the other options, titled
+ *                       --child-title, and start a new one --respawn-delay-ms after
+ *                       each exit, N times; then exit. Ready line:
+ *                       "ready <pid> worker <worker pid>". With --ignore-term the
+ *                       supervisor ignores SIGTERM (its workers do not)
+ *   --respawn-delay-ms N  (default 100: systemd's RestartSec)
  *
  * Exit status: 0 normal end, 2 usage, 3 the driver refused (OOM, lost GPU,
  * daemon not running) or the NVML client failed.
@@ -34,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,6 +68,10 @@ struct options {
     int nvml;
     int ready_fd;
     long exit_after_ms;
+    const char *kind;
+    int fork_on_term;
+    long supervise;
+    long respawn_delay_ms;
 };
 
 static volatile sig_atomic_t got_term;
@@ -70,7 +86,9 @@ static void usage(void)
 {
     fprintf(stderr, "usage: gpusim-worker [--state DIR] [--gpu I]... [--mib N] [--title STR] [--child-title STR]\n"
                     "                     [--ignore-term] [--term-delay-ms N] [--stop] [--fork-child]\n"
-                    "                     [--hold-only] [--nvml] [--ready-fd FD] [--exit-after-ms N]\n");
+                    "                     [--hold-only] [--nvml] [--ready-fd FD] [--exit-after-ms N]\n"
+                    "                     [--kind compute|graphics|mps] [--fork-on-term]\n"
+                    "                     [--supervise N [--respawn-delay-ms N]]\n");
     exit(WK_EXIT_USAGE);
 }
 
@@ -96,6 +114,9 @@ static void parse(int argc, char **argv, struct options *o)
     o->term_delay_ms = -1;
     o->ready_fd = -1;
     o->exit_after_ms = -1;
+    o->kind = "compute";
+    o->supervise = -1;
+    o->respawn_delay_ms = 100;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--state") == 0 && v)
@@ -127,6 +148,18 @@ static void parse(int argc, char **argv, struct options *o)
             o->ready_fd = (int)num_arg(a, v), i++;
         else if (strcmp(a, "--exit-after-ms") == 0)
             o->exit_after_ms = num_arg(a, v), i++;
+        else if (strcmp(a, "--kind") == 0 && v) {
+            if (strcmp(v, "compute") && strcmp(v, "graphics") && strcmp(v, "mps")) {
+                fprintf(stderr, "gpusim-worker: --kind is compute, graphics or mps, not '%s'\n", v);
+                exit(WK_EXIT_USAGE);
+            }
+            o->kind = argv[++i];
+        } else if (strcmp(a, "--fork-on-term") == 0)
+            o->fork_on_term = 1;
+        else if (strcmp(a, "--supervise") == 0)
+            o->supervise = num_arg(a, v), i++;
+        else if (strcmp(a, "--respawn-delay-ms") == 0)
+            o->respawn_delay_ms = num_arg(a, v), i++;
         else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
             usage();
         else {
@@ -139,6 +172,7 @@ static void parse(int argc, char **argv, struct options *o)
         exit(WK_EXIT_USAGE);
     }
     o->state = strdup(o->state); /* the argv area is rewritten by --title */
+    o->kind = strdup(o->kind);
 }
 
 static void fail(const char *fmt, const char *detail)
@@ -167,7 +201,7 @@ static void hold_devices(const struct options *o)
         return;
     }
     char path[4096];
-    snprintf(path, sizeof path, "%s/dev", o->state);
+    snprintf(path, sizeof path, "%s", wk_dev_dir(o->state));
     DIR *d = opendir(path);
     struct dirent *de;
     if (!d)
@@ -227,6 +261,35 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static void idle(const struct options *o);
+
+/* A child forked during shutdown (a cache flusher, a multiprocessing helper): it inherits the
+ * open device files, hence the contexts, and outlives the parent. */
+static void fork_on_term(const struct options *o)
+{
+    pid_t pid;
+    fflush(NULL);
+    pid = fork();
+    if (pid != 0)
+        return;
+    struct options child = *o;
+    sigset_t none;
+    signal(SIGTERM, SIG_DFL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    got_term = 0;
+    child.fork_on_term = 0;
+    child.term_delay_ms = -1;
+    child.exit_after_ms = -1;
+    if (child.ready_fd >= 0)
+        close(child.ready_fd);
+    child.ready_fd = -1;
+    if (o->child_title)
+        wk_set_proctitle(o->child_title);
+    idle(&child);
+    exit(0);
+}
+
 /* Sleep until SIGTERM (if handled), the exit deadline or forever. */
 static void idle(const struct options *o)
 {
@@ -238,7 +301,10 @@ static void idle(const struct options *o)
     for (;;) {
         struct timespec ts, *tsp = NULL;
         if (got_term) {
-            sleep_ms(o->term_delay_ms);
+            if (o->fork_on_term)
+                fork_on_term(o);
+            if (o->term_delay_ms > 0)
+                sleep_ms(o->term_delay_ms);
             exit(0);
         }
         if (deadline >= 0) {
@@ -270,20 +336,18 @@ static void report_ready(struct options *o, pid_t child)
     o->ready_fd = -1;
 }
 
-int main(int argc, char **argv)
+/* The worker proper: contexts (or device files / NVML), then ready, then idle. `notify` is a
+ * pipe to a supervisor (written once the contexts exist) or -1. */
+static int run_worker(struct options *o, int notify)
 {
-    struct options o;
     char err[512];
+    unsigned ids[MAX_GPUS];
+    int nids = 0;
     pid_t child = 0;
 
-    parse(argc, argv, &o);
-    wk_proctitle_init(argc, argv);
-    if (o.title)
-        wk_set_proctitle(o.title);
-
-    if (o.ignore_term)
+    if (o->ignore_term)
         signal(SIGTERM, SIG_IGN);
-    else if (o.term_delay_ms >= 0) {
+    else if (o->term_delay_ms >= 0 || o->fork_on_term) {
         sigset_t block;
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -294,26 +358,31 @@ int main(int argc, char **argv)
         sigprocmask(SIG_BLOCK, &block, NULL); /* delivered only inside ppoll */
     }
 
-    if (o.hold_only || o.nvml) {
-        if (o.hold_only)
-            hold_devices(&o);
-        if (o.nvml)
-            nvml_client(&o);
+    if (o->hold_only || o->nvml) {
+        if (o->hold_only)
+            hold_devices(o);
+        if (o->nvml)
+            nvml_client(o);
     } else {
-        if (!o.ngpus)
-            o.gpus[o.ngpus++] = 0;
-        for (int i = 0; i < o.ngpus; i++) {
-            int dup = 0;
+        if (!o->ngpus)
+            o->gpus[o->ngpus++] = 0;
+        for (int i = 0; i < o->ngpus; i++) {
+            int dup = 0, id;
             for (int j = 0; j < i; j++)
-                dup |= o.gpus[j] == o.gpus[i];
-            if (!dup && wk_create_context(o.state, o.gpus[i], o.mib, err, sizeof err) < 0) {
-                fprintf(stderr, "gpusim-worker: GPU %u: %s\n", o.gpus[i], err);
+                dup |= o->gpus[j] == o->gpus[i];
+            if (dup)
+                continue;
+            id = wk_create_context(o->state, o->gpus[i], o->mib, o->kind, err, sizeof err);
+            if (id < 0) {
+                fprintf(stderr, "gpusim-worker: GPU %u: %s\n", o->gpus[i], err);
                 return WK_EXIT_DRIVER;
             }
+            ids[nids++] = (unsigned)id;
         }
+        wk_open_teardown(o->state, ids, nids); /* kept open until exit, on purpose */
     }
 
-    if (o.fork_child) {
+    if (o->fork_child) {
         int sync[2];
         char byte = 0;
         fflush(NULL);
@@ -324,28 +393,110 @@ int main(int argc, char **argv)
         if (child == 0) {
             /* The child inherits the open device files, hence the contexts. */
             close(sync[0]);
-            if (o.ready_fd >= 0)
-                close(o.ready_fd);
-            o.ready_fd = -1;
-            if (o.child_title)
-                wk_set_proctitle(o.child_title);
+            if (o->ready_fd >= 0)
+                close(o->ready_fd);
+            o->ready_fd = -1;
+            if (notify >= 0)
+                close(notify);
+            if (o->child_title)
+                wk_set_proctitle(o->child_title);
             close(sync[1]); /* set up: the parent may report ready */
-            if (o.stop)
+            if (o->stop)
                 raise(SIGSTOP);
-            idle(&o);
+            idle(o);
         }
         close(sync[1]);
         while (read(sync[0], &byte, 1) < 0 && errno == EINTR)
             ;
         close(sync[0]);
-        report_ready(&o, child);
+        report_ready(o, child);
+        if (notify >= 0 && write(notify, "r", 1) < 0)
+            perror("gpusim-worker: notify");
         printf("%d\n", (int)child);
         return 0;
     }
 
-    report_ready(&o, 0);
-    if (o.stop)
+    report_ready(o, 0);
+    if (notify >= 0) {
+        if (write(notify, "r", 1) < 0)
+            perror("gpusim-worker: notify");
+        close(notify);
+    }
+    if (o->stop)
         raise(SIGSTOP);
-    idle(&o);
+    idle(o);
     return 0;
+}
+
+/* --supervise N: hold nothing, keep a worker running, restart it N times after it ends. */
+static int supervise(struct options *o)
+{
+    long restarts = 0;
+    int first = 1;
+    int ignore = o->ignore_term;
+    o->ignore_term = 0; /* for the workers */
+    if (ignore)
+        signal(SIGTERM, SIG_IGN);
+    for (;;) {
+        int sync[2], status;
+        char byte;
+        ssize_t n;
+        pid_t pid;
+        fflush(NULL);
+        if (pipe2(sync, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
+            perror("gpusim-worker: supervise");
+            return 1;
+        }
+        if (pid == 0) {
+            close(sync[0]);
+            if (o->ready_fd >= 0)
+                close(o->ready_fd);
+            o->ready_fd = -1;
+            o->supervise = -1;
+            signal(SIGTERM, SIG_DFL);
+            if (o->child_title)
+                wk_set_proctitle(o->child_title);
+            exit(run_worker(o, sync[1]));
+        }
+        close(sync[1]);
+        while ((n = read(sync[0], &byte, 1)) < 0 && errno == EINTR)
+            ;
+        close(sync[0]);
+        if (first) {
+            char line[64];
+            int len;
+            if (n != 1) {
+                fprintf(stderr, "gpusim-worker: the supervised worker failed to start\n");
+                waitpid(pid, &status, 0);
+                return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+            }
+            first = 0;
+            if (o->ready_fd >= 0) {
+                len = snprintf(line, sizeof line, "ready %d worker %d\n", (int)getpid(), (int)pid);
+                if (write(o->ready_fd, line, (size_t)len) < 0)
+                    perror("gpusim-worker: ready-fd");
+                close(o->ready_fd);
+                o->ready_fd = -1;
+            }
+        }
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        if (restarts >= o->supervise)
+            return 0; /* gave up, as torchrun does after --max-restarts */
+        restarts++;
+        sleep_ms(o->respawn_delay_ms);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    struct options o;
+
+    parse(argc, argv, &o);
+    wk_proctitle_init(argc, argv);
+    if (o.title)
+        wk_set_proctitle(o.title);
+    if (o.supervise >= 0)
+        return supervise(&o);
+    return run_worker(&o, -1);
 }

@@ -14,7 +14,9 @@
 int wk_gpu_minor(const char *state, unsigned gpu);
 int wk_gpu_count(const char *state);
 int wk_open_device(const char *state, const char *name, int map);
-int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, char *err, size_t errlen);
+int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, const char *kind, char *err, size_t errlen);
+int wk_open_teardown(const char *state, const unsigned *ids, int n);
+const char *wk_dev_dir(const char *state);
 
 /* proctitle.c: setproctitle() look-alike */
 void wk_proctitle_init(int argc, char **argv);

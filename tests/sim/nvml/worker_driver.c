@@ -27,10 +27,24 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #define MAP_BYTES 4096
+
+/* Where the device files are: $GPUSIM_DEV_DIR (a node published under /dev), else
+ * $state/dev. The daemon's hard links in $state/driver are the same inodes. */
+const char *wk_dev_dir(const char *state)
+{
+    static char dir[PATH_MAX];
+    const char *env = getenv("GPUSIM_DEV_DIR");
+    if (env && env[0])
+        snprintf(dir, sizeof dir, "%s", env);
+    else
+        snprintf(dir, sizeof dir, "%s/dev", state);
+    return dir;
+}
 
 /* Read node.conf and return the integer value of `key`, or -1. */
 static long conf_long(const char *state, const char *key)
@@ -83,7 +97,7 @@ int wk_open_device(const char *state, const char *name, int map)
     if (i == n_open) {
         if (n_open == (int)(sizeof open_devs / sizeof open_devs[0]))
             return -1;
-        snprintf(path, sizeof path, "%s/dev/%s", state, name);
+        snprintf(path, sizeof path, "%s/%s", wk_dev_dir(state), name);
         fd = open(path, O_RDWR | O_CLOEXEC);
         if (fd < 0)
             return -1;
@@ -93,7 +107,13 @@ int wk_open_device(const char *state, const char *name, int map)
         n_open++;
     }
     if (map && !open_devs[i].mapped) {
-        if (mmap(NULL, MAP_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, open_devs[i].fd, 0) == MAP_FAILED)
+        /* A real character device node (gpusim makes them where mknod is allowed) stands on
+         * /dev/zero's driver: a shared mapping of it would become anonymous shared memory
+         * ("/dev/zero (deleted)"), a private one keeps the node's path in /proc/PID/maps,
+         * as the NVIDIA driver's mappings do. Regular files are mapped shared, like the driver. */
+        struct stat st;
+        int flags = fstat(open_devs[i].fd, &st) == 0 && S_ISCHR(st.st_mode) ? MAP_PRIVATE : MAP_SHARED;
+        if (mmap(NULL, MAP_BYTES, PROT_READ | PROT_WRITE, flags, open_devs[i].fd, 0) == MAP_FAILED)
             return -1;
         open_devs[i].mapped = 1;
     }
@@ -163,9 +183,9 @@ static void driver_error(const char *reply, char *err, size_t errlen)
     snprintf(err, errlen, "%s", text[0] ? text : "driver daemon closed the connection");
 }
 
-/* Create one context of `mib` MiB on GPU index `gpu`. Returns the context id,
- * or -1 with a message in err. */
-int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, char *err, size_t errlen)
+/* Create one context of `mib` MiB on GPU index `gpu` (kind: compute, graphics or mps: the
+ * NVML process list it shows in). Returns the context id, or -1 with a message in err. */
+int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, const char *kind, char *err, size_t errlen)
 {
     char line[512];
     unsigned id, minor;
@@ -174,7 +194,7 @@ int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, c
     int sock, fd;
 
     if (wk_open_device(state, "nvidiactl", 1) < 0 || wk_open_device(state, "nvidia-uvm", 1) < 0) {
-        snprintf(err, errlen, "cannot open %s/dev/nvidiactl or nvidia-uvm: %s", state, strerror(errno));
+        snprintf(err, errlen, "cannot open %s/nvidiactl or nvidia-uvm: %s", wk_dev_dir(state), strerror(errno));
         return -1;
     }
     /* Like the CUDA driver at start-up, open and map the device file of every
@@ -188,7 +208,7 @@ int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, c
     sock = driver_connect(state, err, errlen);
     if (sock < 0)
         return -1;
-    snprintf(line, sizeof line, "register %u %llu\n", gpu, mib);
+    snprintf(line, sizeof line, "register %u %llu %s\n", gpu, mib, kind ? kind : "compute");
     if (send_line(sock, line) < 0 || recv_line(sock, line, sizeof line) < 0) {
         snprintf(err, errlen, "driver daemon closed the connection");
         goto fail;
@@ -200,7 +220,7 @@ int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, c
     snprintf(devname, sizeof devname, "nvidia%u", minor);
     fd = wk_open_device(state, devname, 1);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open %s/dev/%s: %s", state, devname, strerror(errno));
+        snprintf(err, errlen, "cannot open %s/%s: %s", wk_dev_dir(state), devname, strerror(errno));
         goto fail;
     }
     memset(&fl, 0, sizeof fl);
@@ -225,4 +245,21 @@ int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, c
 fail:
     close(sock);
     return -1;
+}
+
+/* Open teardown/<id>[,<id>...] on the daemon's FUSE mount, once the contexts exist, and keep it:
+ * when this process exits, closing it makes the kernel wait (state D) until the driver has freed
+ * the contexts, as the NVIDIA driver's close does (gpusim/teardown.py). Without the mount this
+ * is a no-op and the process exits at once. */
+int wk_open_teardown(const char *state, const unsigned *ids, int n)
+{
+    char path[PATH_MAX];
+    int len, fd;
+    if (n <= 0)
+        return -1;
+    len = snprintf(path, sizeof path, "%s/teardown/", state);
+    for (int i = 0; i < n && len < (int)sizeof path; i++)
+        len += snprintf(path + len, sizeof path - (size_t)len, "%s%u", i ? "," : "", ids[i]);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    return fd;
 }

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gpusim import Node, paths
+from gpusim import CONTEXT_OVERHEAD_MIB, Node, paths
 
 pytestmark = pytest.mark.pidns
 
@@ -153,7 +153,8 @@ def test_timeout_with_a_hang_and_on_system_calls(node, live) -> None:
 
 # 5 -------------------------------------------------------------- orphaned context, recovery action
 def test_orphaned_context_holds_memory_without_any_process(node, nvml) -> None:
-    node.set_fault(orphan={2: 8000})
+    # Leaked memory alone carries no recovery action (real drivers usually say none).
+    node.set_fault(orphan={2: 8000, 3: 100}, recovery_action={3: 1})
     res = nvml(
         node,
         """
@@ -165,9 +166,9 @@ def test_orphaned_context_holds_memory_without_any_process(node, nvml) -> None:
     """,
     )
     assert res["g2"]["used"] == 8000 and res["g2"]["v1_used"] == 8615 and res["g2"]["procs"] == []
-    assert res["g3"]["used"] == 0
-    assert res["a2"] == [0, 1, 1]  # NVML_GPU_RECOVERY_ACTION_GPU_RESET, unsigned int
-    assert res["a3"] == [0, 1, 0]
+    assert res["g3"]["used"] == 100
+    assert res["a2"] == [0, 1, 0]  # NVML_GPU_RECOVERY_ACTION_NONE, unsigned int
+    assert res["a3"] == [0, 1, 1]  # GPU_RESET where the driver asks for it
     assert node.memory(2)["used_mib"] == 8000 and node.memory_info(2)["orphan_mib"] == 8000
     assert node.contexts() == []
     # it also takes capacity away
@@ -180,8 +181,24 @@ def test_recovery_action_alone(node, live) -> None:
     vals = [live.nvmlDeviceGetFieldValues(live.nvmlDeviceGetHandleByIndex(i), [230])[0].value.uiVal for i in range(8)]
     assert vals == [0, 0, 0, 0, 2, 1, 0, 0]
     assert live.nvmlDeviceGetMemoryInfo(live.nvmlDeviceGetHandleByIndex(4), version=live.nvmlMemory_v2).used == 0
-    node.set_fault(orphan={4: 100}, recovery_action={4: None})  # back to the orphan's default
-    assert live.nvmlDeviceGetFieldValues(live.nvmlDeviceGetHandleByIndex(4), [230])[0].value.uiVal == 1
+    node.set_fault(orphan={4: 100}, recovery_action={4: None})  # back to the default: none, orphan or not
+    assert live.nvmlDeviceGetFieldValues(live.nvmlDeviceGetHandleByIndex(4), [230])[0].value.uiVal == 0
+
+
+def test_drivers_before_r550_do_not_report_the_recovery_action(nvml) -> None:
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION came with R550: older drivers answer the field with
+    # NOT_SUPPORTED in its own nvmlReturn (the call itself succeeds).
+    with Node(gpus=2, driver_version="535.183.01") as old:
+        old.set_fault(orphan={1: 4000}, recovery_action={1: 1})
+        res = nvml(
+            old,
+            """
+            nvmlInit()
+            v = nvmlDeviceGetFieldValues(nvmlDeviceGetHandleByIndex(1), [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
+            result = [v.nvmlReturn, gpu(1)["used"]]
+            """,
+        )
+    assert res == [3, 4000]  # NVML_ERROR_NOT_SUPPORTED; the leaked memory still shows
 
 
 # 6 -------------------------------------------------------------- legacy pids (also in test_namespaces)
@@ -237,7 +254,8 @@ def test_memory_not_available_per_process(node, live) -> None:
     node.set_fault(memory_na=True)
     [p] = live.nvmlDeviceGetComputeRunningProcesses(live.nvmlDeviceGetHandleByIndex(0))
     assert p.pid == w.pid and p.usedGpuMemory is None  # pynvml maps NVML_VALUE_NOT_AVAILABLE to None
-    assert live.nvmlDeviceGetMemoryInfo(live.nvmlDeviceGetHandleByIndex(0), version=live.nvmlMemory_v2).used == 1000 * MIB
+    used = live.nvmlDeviceGetMemoryInfo(live.nvmlDeviceGetHandleByIndex(0), version=live.nvmlMemory_v2).used
+    assert used == (1000 + CONTEXT_OVERHEAD_MIB) * MIB
     assert smi(node, "--query-compute-apps=pid,used_memory", "--format=csv,noheader").stdout == f"{w.pid}, [N/A]\n"
 
 

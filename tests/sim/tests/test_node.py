@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import stat
 import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from gpusim import Node, paths
+from gpusim import CONTEXT_OVERHEAD_MIB, Node, paths
 from gpusim.procfs import daemon_running
 
 pytestmark = pytest.mark.pidns
@@ -58,7 +59,11 @@ def test_context_manager_and_explicit_path(tmp_path) -> None:
     with Node(path=tmp_path / "n", gpus=2, total_mib=81559, reserved_mib=500, name="NVIDIA H100 80GB HBM3") as n:
         assert n.dev_dir == tmp_path / "n" / "dev"
         assert sorted(p.name for p in n.dev_dir.iterdir()) == ["nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]
-        assert all(p.stat().st_size >= 4096 for p in n.dev_dir.iterdir())
+        # Character devices where the machine allows mknod (as root here), else mappable files.
+        if n.char_devices:
+            assert all(stat.S_ISCHR(p.stat().st_mode) and p.stat().st_rdev == os.makedev(1, 5) for p in n.dev_dir.iterdir())
+        else:
+            assert all(p.stat().st_size >= 4096 for p in n.dev_dir.iterdir())
         assert n.memory(1) == {"used_mib": 0, "reserved_mib": 500, "total_mib": 81559}
         assert n.memory_info(1)["free_mib"] == 81059 and n.memory_info(1)["v1_used_mib"] == 500
         assert n.gpus[1].name == "NVIDIA H100 80GB HBM3"
@@ -85,44 +90,39 @@ def test_env_keeps_other_library_paths(node, monkeypatch) -> None:
     assert node.env(include_library=False)["LD_LIBRARY_PATH"] == "/opt/x:/opt/y"
 
 
-def test_wait_clean(node) -> None:
-    assert node.wait_clean(timeout=1) < 0.01
+def test_wait_clean(node, monkeypatch) -> None:
+    # A clean node answers at once: without a single sleep.
+    with monkeypatch.context() as m:
+        m.setattr("gpusim.node.time.sleep", lambda _s: pytest.fail("wait_clean slept on a clean node"))
+        assert node.wait_clean(timeout=1) >= 0
     w = node.spawn_worker(gpus=[0], mib=10)
     with pytest.raises(TimeoutError):
         node.wait_clean(timeout=0.2)
     w.kill()
-    assert 0.165 <= node.wait_clean(timeout=2) < 0.4
+    node.wait_clean(timeout=10)
+    assert node.contexts() == []
+    w.wait(10)
 
 
-def test_starting_8_workers_takes_under_a_second(node) -> None:
-    t0 = time.monotonic()
+def test_eight_workers_start_and_hold_their_contexts(node) -> None:
+    # How long it takes: tests/bench/sim.py.
     ws = [node.spawn_worker(gpus=[i], mib=20000, title=f"sglang::scheduler_TP{i}") for i in range(8)]
-    elapsed = time.monotonic() - t0
-    assert elapsed < 1.0, elapsed
-    assert len(node.contexts()) == 8 and all(w.alive() for w in ws)
+    assert sorted(c["gpu"] for c in node.contexts()) == list(range(8)) and all(w.alive() for w in ws)
 
 
-def test_full_query_of_8_gpus_costs_under_5_ms(node, nvml) -> None:
+def test_a_full_query_of_8_gpus_reads_every_gpu(node, nvml) -> None:
+    # What one query costs: tests/bench/sim.py.
     for i in range(8):
         node.spawn_worker(gpus=[i], mib=1000)
-    per_query = nvml(
+    per_gpu = nvml(
         node,
         """
         nvmlInit()
         hs = [nvmlDeviceGetHandleByIndex(i) for i in range(nvmlDeviceGetCount())]
-        def query():
-            for h in hs:
-                nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)
-                nvmlDeviceGetComputeRunningProcesses(h)
-        query()
-        samples = []
-        for _ in range(200):
-            t0 = time.perf_counter(); query(); samples.append(time.perf_counter() - t0)
-        samples.sort()
-        result = samples[len(samples) // 2]
+        result = [[nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2).used // MIB, len(nvmlDeviceGetComputeRunningProcesses(h))] for h in hs]
     """,
     )
-    assert per_query < 0.005, per_query
+    assert per_gpu == [[1000 + CONTEXT_OVERHEAD_MIB, 1]] * 8
 
 
 # ------------------------------------------------------------------ CLI
@@ -144,7 +144,7 @@ def test_cli_start_status_fault_worker_stop(tmp_path: Path) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     data = json.loads(gpusim("status", "--state", str(state), "--json").stdout)
-    assert [g["used_mib"] for g in data["gpus"]] == [0, 0, 3000, 0]
+    assert [g["used_mib"] for g in data["gpus"]] == [0, 0, 3000 + CONTEXT_OVERHEAD_MIB, 0]
     assert data["gpus"][2]["contexts"][0]["pid"] == w.pid and data["daemon_running"] is True
     assert (
         gpusim("fault", "--state", str(state), "lost=3", "orphan=1:500", "timeout=nvmlDeviceGetName", "timeout_gpus=0", "release_delay_ms=150").returncode == 0

@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from gpusim import WorkerError
+from gpusim import CONTEXT_OVERHEAD_MIB, WorkerError
 from gpusim.procfs import device_fds, device_map_lines, state
 
 pytestmark = pytest.mark.pidns
@@ -28,8 +28,9 @@ def test_worker_holds_memory_on_its_gpu_only(node, nvml) -> None:
     snap = nvml(node, "result = snapshot()")
     for g in snap:
         if g["index"] == 3:
-            assert g["used"] == 20000 and g["v1_used"] == 20615 and g["reserved"] == 615
-            assert g["free"] == 143771 - 615 - 20000
+            # The process is charged what it allocated; the device also counts the context's overhead.
+            assert g["used"] == 20000 + CONTEXT_OVERHEAD_MIB and g["v1_used"] == 20615 + CONTEXT_OVERHEAD_MIB and g["reserved"] == 615
+            assert g["free"] == 143771 - 615 - 20000 - CONTEXT_OVERHEAD_MIB
             assert g["procs"] == [[w.pid, 20000 * MIB]]
         else:
             assert g["used"] == 0 and g["procs"] == []
@@ -38,15 +39,17 @@ def test_worker_holds_memory_on_its_gpu_only(node, nvml) -> None:
     # while its memory is on GPU 3 only.
     assert dev_fds(w.pid) == {f"nvidia{i}" for i in range(8)} | {"nvidiactl", "nvidia-uvm"}
     assert dev_maps(w.pid) == {f"nvidia{i}" for i in range(8)} | {"nvidiactl", "nvidia-uvm"}
-    assert node.memory(3) == {"used_mib": 20000, "reserved_mib": 615, "total_mib": 143771}
+    used = 20000 + CONTEXT_OVERHEAD_MIB
+    assert node.memory(3) == {"used_mib": used, "reserved_mib": 615, "total_mib": 143771}
     assert node.memory_info(3) == {
-        "used_mib": 20000,
+        "used_mib": used,
         "reserved_mib": 615,
         "total_mib": 143771,
-        "free_mib": 123156,
+        "free_mib": 143771 - 615 - used,
         "contexts_mib": 20000,
+        "overhead_mib": CONTEXT_OVERHEAD_MIB,
         "orphan_mib": 0,
-        "v1_used_mib": 20615,
+        "v1_used_mib": used + 615,
     }
     [ctx] = node.contexts()
     assert ctx["gpu"] == 3 and ctx["mib"] == 20000 and ctx["pid"] == w.pid and ctx["state"] == "live"
@@ -114,68 +117,95 @@ def test_two_call_count_protocol(node, nvml) -> None:
     assert res["graphics"] == [0, 0]
 
 
-def test_sigkill_frees_the_memory_about_185_ms_after_death(node, nvml) -> None:
-    times = []
-    for gpu in (3, 4, 5):
-        w = node.spawn_worker(gpus=[gpu], mib=20000)
-        drops = nvml(node, f"result = watch_release({gpu}, [{w.pid}])")
-        assert len(drops) == 1, drops
-        times.append(drops[0])
-    # never before 165 ms; 185 ± 20 ms (the median, so that one run delayed by a busy CPU does not fail it)
-    assert min(times) >= 0.165 and sorted(times)[1] <= 0.205, times
+def releasing(node, count: int = 1, timeout: float = 10.0) -> list[dict]:
+    """The contexts once ``count`` of them carry the daemon's death and release stamps."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ctxs = [c for c in node.contexts() if c["state"] == "releasing"]
+        if len(ctxs) >= count or time.monotonic() > deadline:
+            return sorted(ctxs, key=lambda c: c["release_ns"])
+        time.sleep(0.002)
 
 
-def test_four_processes_dying_together_are_freed_one_by_one(node, nvml) -> None:
+# Release timing. The model's numbers are asserted on the daemon's own stamps (dead_ns, release_ns:
+# exact, whatever the load); wall-clock checks assert the order of events and only generous bounds,
+# because this suite runs on a loaded 2-core machine. The measured latencies are a benchmark:
+# tests/bench/sim.py prints them.
+def test_sigkill_frees_the_memory_release_delay_after_death(node, nvml) -> None:
+    w = node.spawn_worker(gpus=[3], mib=20000)
+    drops = nvml(node, f"result = watch_release(3, [{w.pid}])")
+    assert len(drops) == 1, drops
+    # Never before the release delay (a lower bound cannot be broken by a slow machine); the upper
+    # bound only catches a release that never happens (5 s: far above any scheduling delay here).
+    assert 0.185 <= drops[0] < 5, drops
+
+
+def test_release_is_stamped_release_delay_after_death_and_the_process_waits_for_it(node) -> None:
+    # A long delay makes every "not yet" below certain however slow the machine is.
+    node.set_release_timing(delay_ms=1500)
+    w = node.spawn_worker(gpus=[3], mib=20000)
+    w.kill()
+    [ctx] = releasing(node)
+    assert ctx["release_ns"] - ctx["dead_ns"] == 1_500_000_000
+    if time.monotonic_ns() < ctx["release_ns"] - 500_000_000:
+        assert node.memory(3)["used_mib"] == 20000 + CONTEXT_OVERHEAD_MIB  # still being torn down
+        if node.teardown:
+            # Like a torch process on the real driver: the exiting worker sits in the kernel
+            # (state D, unkillable) until its context is freed.
+            assert state(w.pid) == "D" and w.alive()
+            w.kill()  # SIGKILL again changes nothing
+            assert w.alive()
+    w.wait()
+    assert time.monotonic_ns() >= ctx["release_ns"] or not node.teardown
+    node.wait_clean(timeout=10)
+    assert node.memory(3)["used_mib"] == 0
+
+
+def test_four_processes_dying_together_are_freed_one_by_one(node) -> None:
     ws = [node.spawn_worker(gpus=[0], mib=30000) for _unused in range(4)]
-    drops = nvml(node, f"result = watch_release(0, {[w.pid for w in ws]})")
-    assert len(drops) == 4, drops
-    assert 0.165 <= drops[0] <= 0.225, drops
-    gaps = [b - a for a, b in zip(drops, drops[1:])]
-    assert all(0.040 <= g <= 0.100 for g in gaps), drops  # about one every 60 ms
-    assert 0.185 + 3 * 0.060 - 0.03 <= drops[-1] <= 0.185 + 3 * 0.060 + 0.06, drops
+    for w in ws:
+        w.kill()
+    ctxs = releasing(node, 4)
+    assert len(ctxs) == 4, ctxs
+    releases = [c["release_ns"] for c in ctxs]
+    first_death = min(c["dead_ns"] for c in ctxs)
+    # The first is freed the release delay after its death, each next one the gap after the
+    # previous (the driver tears contexts of one GPU down one at a time).
+    assert releases[0] - ctxs[0]["dead_ns"] == 185_000_000
+    assert all(b - a >= 60_000_000 for a, b in zip(releases, releases[1:])), releases
+    assert releases[-1] - first_death >= 185_000_000 + 3 * 60_000_000
+    for w in ws:
+        w.wait()
+    node.wait_clean(timeout=10)
 
 
-def test_teardown_is_serialised_per_gpu_not_per_node(node, nvml) -> None:
+def test_teardown_is_serialised_per_gpu_not_per_node(node) -> None:
     ws = [node.spawn_worker(gpus=[g], mib=1000) for g in (0, 1)]
-    res = nvml(
-        node,
-        f"""
-        import threading
-        nvmlInit(); hs = [nvmlDeviceGetHandleByIndex(g) for g in (0, 1)]
-        t0 = time.monotonic()
-        for p in {[w.pid for w in ws]}: os.kill(p, 9)
-        done = [None, None]
-        while None in done and time.monotonic() - t0 < 2:
-            for i, h in enumerate(hs):
-                if done[i] is None and nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2).used == 0:
-                    done[i] = time.monotonic() - t0
-            time.sleep(0.0005)
-        result = done
-    """,
-    )
-    assert all(0.165 <= t <= 0.235 for t in res), res  # in parallel, not 185 + 60 ms
+    for w in ws:
+        w.kill()
+    a, b = releasing(node, 2)
+    # In parallel: each is freed the release delay after its own death, no gap between GPUs.
+    assert a["release_ns"] - a["dead_ns"] == b["release_ns"] - b["dead_ns"] == 185_000_000
+    node.wait_clean(timeout=10)
 
 
 def test_release_timing_is_configurable_at_runtime(node) -> None:
-    node.set_release_timing(delay_ms=400)
+    node.set_release_timing(delay_ms=400, gap_ms=10)
     w = node.spawn_worker(gpus=[1], mib=1000)
     w.kill()
+    [ctx] = releasing(node)
+    assert ctx["release_ns"] - ctx["dead_ns"] == 400_000_000
     w.wait()
-    time.sleep(0.3)
-    assert node.memory(1)["used_mib"] == 1000
-    [ctx] = node.contexts()
-    assert ctx["state"] == "releasing" and ctx["release_ns"] - ctx["dead_ns"] == 400_000_000
-    assert node.wait_clean(timeout=2) < 0.3
+    node.wait_clean(timeout=10)
+    assert node.description.release_gap_ms == 10
 
 
 def test_a_zombie_holds_no_memory(node) -> None:
     w = node.spawn_worker(gpus=[2], mib=64000)
     w.kill()  # and do not reap it
-    assert w.wait_gone(2)
+    assert w.wait_gone(10)
     assert state(w.pid) == "Z"
-    t0 = time.monotonic()
-    node.wait_clean(timeout=2)
-    assert time.monotonic() - t0 < 0.3
+    node.wait_clean(timeout=10)  # freed although nobody reaped it
     assert state(w.pid) == "Z"
     w.wait()
 
@@ -188,10 +218,11 @@ def test_stopped_worker_holds_memory_until_continued(node) -> None:
     assert state(w.pid) == "T"
     w.kill(signal.SIGTERM)
     time.sleep(0.4)
-    assert w.alive() and node.memory(2)["used_mib"] == 4000
+    assert w.alive() and node.memory(2)["used_mib"] == 4000 + CONTEXT_OVERHEAD_MIB
+    assert node.contexts()[0]["state"] == "live"  # a stopped process is not dying
     w.kill(signal.SIGCONT)
-    assert w.wait(timeout=2) == -signal.SIGTERM
-    assert node.wait_clean(timeout=2) < 0.3
+    assert w.wait(timeout=10) == -signal.SIGTERM
+    node.wait_clean(timeout=10)
 
 
 def test_graceful_and_term_ignoring_workers(node) -> None:
@@ -200,12 +231,12 @@ def test_graceful_and_term_ignoring_workers(node) -> None:
     t0 = time.monotonic()
     graceful.kill(signal.SIGTERM)
     stubborn.kill(signal.SIGTERM)
-    assert graceful.wait(timeout=2) == 0
-    assert 0.28 <= time.monotonic() - t0 < 0.6
+    assert graceful.wait(timeout=10) == 0
+    assert time.monotonic() - t0 >= 0.3  # it took its time: a lower bound, safe under load
     time.sleep(0.1)
-    assert stubborn.alive() and node.memory(1)["used_mib"] == 1000
+    assert stubborn.alive() and node.memory(1)["used_mib"] == 1000 + CONTEXT_OVERHEAD_MIB
     stubborn.kill()
-    assert stubborn.wait(timeout=2) == -signal.SIGKILL
+    assert stubborn.wait(timeout=10) == -signal.SIGKILL
 
 
 def test_forked_child_keeps_the_memory_and_nvml_lists_the_dead_parent(node, nvml) -> None:
@@ -215,19 +246,21 @@ def test_forked_child_keeps_the_memory_and_nvml_lists_the_dead_parent(node, nvml
     assert not os.path.exists(f"/proc/{w.pid}")
     snap = nvml(node, "result = snapshot()")
     assert snap[6]["procs"] == [[w.pid, 12000 * MIB]]  # the dead parent, never the child
-    assert snap[6]["used"] == 12000
+    assert snap[6]["used"] == 12000 + CONTEXT_OVERHEAD_MIB
     assert dev_fds(w.child_pid) == {f"nvidia{i}" for i in range(8)} | {"nvidiactl", "nvidia-uvm"}
     assert dev_maps(w.child_pid) == {f"nvidia{i}" for i in range(8)} | {"nvidiactl", "nvidia-uvm"}
     assert os.getpgid(w.child_pid) == w.pid  # same process group as its parent was
     w.kill_child()
-    assert 0.165 <= node.wait_clean(timeout=2) < 0.4
+    [ctx] = releasing(node)
+    assert ctx["release_ns"] - ctx["dead_ns"] == 185_000_000
+    node.wait_clean(timeout=10)
     assert nvml(node, "result = snapshot()")[6]["procs"] == []
 
 
 def test_one_context_per_gpu_for_a_multi_gpu_worker(node, nvml) -> None:
     w = node.spawn_worker(gpus=[0, 1, 2, 1], mib=1000)
     snap = nvml(node, "result = snapshot()")
-    assert [g["used"] for g in snap] == [1000, 1000, 1000, 0, 0, 0, 0, 0]
+    assert [g["used"] for g in snap] == [1000 + CONTEXT_OVERHEAD_MIB] * 3 + [0] * 5
     assert [g["procs"] for g in snap[:3]] == [[[w.pid, 1000 * MIB]]] * 3
     assert dev_maps(w.pid) == {f"nvidia{i}" for i in range(8)} | {"nvidiactl", "nvidia-uvm"}
 
@@ -237,7 +270,8 @@ def test_out_of_memory_is_refused_like_cuda_malloc(node) -> None:
     with pytest.raises(WorkerError) as e:
         node.spawn_worker(gpus=[1], mib=50000)
     assert e.value.returncode == 3 and "out of memory" in str(e.value)
-    node.spawn_worker(gpus=[1], mib=143771 - 615 - 100000)  # exactly what is left fits
+    # exactly what is left fits: each context also costs the driver its overhead
+    node.spawn_worker(gpus=[1], mib=143771 - 615 - 100000 - 2 * CONTEXT_OVERHEAD_MIB)
     assert node.memory_info(1)["free_mib"] == 0
 
 
@@ -245,10 +279,10 @@ def test_memory_being_released_still_counts_against_capacity(node) -> None:
     node.set_release_timing(delay_ms=500)
     w = node.spawn_worker(gpus=[1], mib=100000)
     w.kill()
-    w.wait()
-    with pytest.raises(WorkerError):  # the next job OOMs right after a kill
+    releasing(node)
+    with pytest.raises(WorkerError):  # the next job OOMs right after a kill (sglang PR#39545)
         node.spawn_worker(gpus=[1], mib=100000)
-    node.wait_clean(timeout=2)
+    node.wait_clean(timeout=10)
     node.spawn_worker(gpus=[1], mib=100000)
 
 
@@ -265,7 +299,7 @@ def test_worker_on_a_missing_or_lost_gpu_fails(node) -> None:
 def test_without_the_daemon_contexts_follow_their_locks(node, nvml) -> None:
     w = node.spawn_worker(gpus=[2], mib=5000)
     node.stop_driver()
-    assert nvml(node, "result = snapshot()")[2]["used"] == 5000  # still held: the lock says so
+    assert nvml(node, "result = snapshot()")[2]["used"] == 5000 + CONTEXT_OVERHEAD_MIB  # still held: the lock says so
     with pytest.raises(WorkerError) as e:
         node.spawn_worker(gpus=[0], mib=1)
     assert e.value.returncode == 3 and "driver daemon not running" in str(e.value)
@@ -279,6 +313,8 @@ def test_a_restarted_daemon_adopts_live_contexts(node) -> None:
     w = node.spawn_worker(gpus=[4], mib=7000)
     node.stop_driver()
     node.start_driver()
-    assert node.memory(4)["used_mib"] == 7000
+    assert node.memory(4)["used_mib"] == 7000 + CONTEXT_OVERHEAD_MIB
     w.kill()
-    assert 0.05 <= node.wait_clean(timeout=2) < 0.3
+    [ctx] = releasing(node)  # the new daemon watches the adopted context and times its release
+    assert ctx["release_ns"] - ctx["dead_ns"] == 185_000_000
+    node.wait_clean(timeout=10)

@@ -272,13 +272,12 @@ def test_latency_is_per_request_and_requests_run_in_parallel():
         start = time.monotonic()
         get(sim, "/version")
         one = time.monotonic() - start
-        start = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda _unused: get(sim, "/version"), range(8)))
-        eight = time.monotonic() - start
+        # Concurrent, not serialised: several requests were inside the server at once (its own
+        # count, whatever the load; how long eight take is a benchmark's business).
         assert sim.max_in_flight > 1
-    assert one >= 0.2
-    assert eight < 8 * 0.2  # concurrent, not serialised
+    assert one >= 0.2  # the latency is served (a lower bound)
 
 
 def test_generated_benchmark_cluster():

@@ -28,6 +28,9 @@ def registry(tmp_path):
     d = tmp_path / "pctsim"
     d.mkdir()
     (d / "node").write_text("pve1\n")
+    # These tests check what pct says, not how long it takes (test_each_call_takes_about_a_second
+    # does): no start-up delay here.
+    (d / "latency_ms").write_text("0\n")
     return d
 
 
@@ -100,6 +103,57 @@ def test_status_plain_and_verbose(registry):
     assert f"pid: {os.getpid()}" in verbose
     assert "name: ct129" in verbose
     assert "vmid: 129" in verbose
+
+
+def test_status_verbose_follows_the_pve_version(registry, tmp_path):
+    # PVE 9 (pve-container 6, commit 275807b) adds the container's pressure stall averages, read
+    # from its cgroup (lxc/<vmid>, above the container's "ns"), for a running container only.
+    cg = tmp_path / "cgroup" / "lxc" / "129"
+    (cg / "ns").mkdir(parents=True)
+    (cg / "cpu.pressure").write_text("some avg10=1.25 avg60=0.50 avg300=0.10 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    (cg / "memory.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    register(registry, 129, pid=os.getpid(), cgroup=str(cg / "ns"))
+    register(registry, 130, status="stopped", cgroup=str(tmp_path / "cgroup" / "lxc" / "130" / "ns"))
+    pressure = ["pressurecpufull: 0.00", "pressurecpusome: 1.25", "pressurememoryfull: 0.00", "pressurememorysome: 0.00"]
+    (registry / "pve").write_text("9\n")
+    v9 = pct(registry, "status", "129", "--verbose").stdout.splitlines()
+    assert [line for line in v9 if line.startswith("pressure")] == pressure  # no io.pressure file: no io keys
+    assert [line.split(": ")[0] for line in v9] == sorted(line.split(": ")[0] for line in v9)
+    assert not [line for line in pct(registry, "status", "130", "--verbose").stdout.splitlines() if line.startswith("pressure")]
+    (registry / "pve").write_text("8\n")
+    v8 = pct(registry, "status", "129", "--verbose").stdout.splitlines()
+    assert v8 == [line for line in v9 if not line.startswith("pressure")]
+    # The plain form is the same in both.
+    assert pct(registry, "status", "129").stdout == "status: running\n"
+
+
+def test_status_verbose_prints_what_the_api_reports_for_a_container(registry):
+    """pct status --verbose prints PVE::LXC::vmstatus, key by key, except cpu; the API's
+    status/current (a recorded PVE 8 answer in pvesim/fixtures) is the same hash plus ha."""
+    fixture = Path(__file__).resolve().parents[1] / "pvesim" / "fixtures" / "lxc_status_current.json"
+    doc = json.loads(fixture.read_text())
+    api = doc.get("data", doc)
+    register(registry, 129, pid=os.getpid())
+    (registry / "pve").write_text("8\n")
+    keys = {line.split(": ", 1)[0] for line in pct(registry, "status", "129", "--verbose").stdout.splitlines()}
+    assert keys == set(api) - {"cpu", "ha"}
+
+
+def test_each_call_takes_about_a_second(tmp_path):
+    """The real pct is a Perl program that loads the PVE API modules before it acts: about a
+    second per call, errors included. The default models that; latency_ms changes it."""
+    d = tmp_path / "slow"
+    d.mkdir()
+    register(d, 129, pid=os.getpid())
+    for args in (["status", "129"], ["status", "999"], ["exec", "abc"]):
+        start = time.monotonic()
+        pct(d, *args)
+        # A lower bound (a loaded machine only makes it slower): the call did wait.
+        assert time.monotonic() - start >= 0.95, args
+    (d / "latency_ms").write_text("300\n")
+    start = time.monotonic()
+    assert pct(d, "status", "129").stdout == "status: running\n"
+    assert time.monotonic() - start >= 0.3
 
 
 def test_registered_pid_that_is_gone_means_stopped(registry):
@@ -234,6 +288,61 @@ def test_exec_in_the_namespace_keeps_exit_codes(registry, container):
     assert pct(registry, "exec", "150", "--", "/bin/sh", "-c", "exit 7").returncode == 7
     assert pct(registry, "exec", "150", "--", "no-such-command-anywhere").returncode == 127
     assert pct(registry, "exec", "150", "--", "/bin/sh", "-c", "kill -TERM $$").returncode == 143
+
+
+@pytest.fixture
+def unprivileged(registry):
+    """An unprivileged 'container': its own user namespace (root inside is host uid 100000, as
+    Proxmox maps it), PID and mount namespaces; sleep is its init."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root")
+    nsview = Path(__file__).resolve().parents[1] / "gpusim" / "_nsview.py"
+    argv = [
+        sys.executable,
+        "-I",
+        "-S",
+        str(nsview),
+        "--map",
+        "100000",
+        "65536",
+        "--",
+        "unshare",
+        "--pid",
+        "--fork",
+        "--mount-proc",
+        "--kill-child",
+        "sleep",
+        "300",
+    ]
+    outer = subprocess.Popen(argv)
+    deadline = time.monotonic() + 10
+    init = None
+    while time.monotonic() < deadline and init is None:
+        # The first child may be _nsview's short-lived id-map helper: wait for the init itself.
+        children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children")
+        pids = children.read_text().split() if children.exists() else []
+        init = next((int(p) for p in pids if Path(f"/proc/{p}/comm").exists() and Path(f"/proc/{p}/comm").read_text().strip() == "sleep"), None)
+        time.sleep(0.02)
+    assert init, "the namespace's init did not start"
+    register(registry, 151, pid=init, unprivileged=1)
+    try:
+        yield init
+    finally:
+        try:
+            os.kill(init, 9)
+        except ProcessLookupError:
+            pass
+        outer.wait(timeout=10)
+
+
+def test_exec_enters_an_unprivileged_containers_user_namespace(registry, unprivileged):
+    proc = pct(registry, "exec", "151", "--", "/bin/sh", "-c", "id -u; cat /proc/self/uid_map; cat /proc/1/comm")
+    assert proc.returncode == 0, proc.stderr
+    uid, inner, outer, count, comm = proc.stdout.split()
+    # root inside, host uid 100000 outside: the shifted map of an unprivileged container
+    assert (uid, inner, outer, count, comm) == ("0", "0", "100000", "65536", "sleep")
+    with open(f"/proc/{unprivileged}/status") as fh:
+        assert next(line.split()[1] for line in fh if line.startswith("Uid:")) == "100000"
 
 
 def test_container_whose_init_died_is_not_running(registry, container):

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
-import time
 
 import pytest
-from gpusim import Node, paths
+from gpusim import CONTEXT_OVERHEAD_MIB, Node, paths
 
 pytestmark = pytest.mark.pidns
 
@@ -35,7 +33,8 @@ def test_query_gpu_csv_like_the_real_one(node) -> None:
 def test_noheader_nounits_and_gpu_selection(node) -> None:
     node.spawn_worker(gpus=[3], mib=20000)
     r = smi(node, "--query-gpu=index,memory.used,memory.free", "--format=csv,noheader,nounits", "-i", "3,0")
-    assert r.stdout == "3, 20000, 123156\n0, 0, 143156\n"
+    used = 20000 + CONTEXT_OVERHEAD_MIB  # the device counts the context's overhead too
+    assert r.stdout == f"3, {used}, {143156 - used}\n0, 0, 143156\n"
     r = smi(node, "--query-gpu=index", "--format=csv,noheader", f"--id={node.gpus[5].uuid}")
     assert r.stdout == "5\n"
     r = smi(node, "--query-gpu=memory.used", "--format=csv,nounits", "-i", "1")
@@ -71,7 +70,7 @@ def test_list_and_table(node) -> None:
     w = node.spawn_worker(gpus=[2], mib=4096, title="VLLM::Worker_TP1")
     t = smi(node).stdout
     assert "Driver Version: 580.159.04" in t and "CUDA Version: 13.0" in t
-    assert "4096MiB / 143771MiB" in t and "0MiB / 143771MiB" in t
+    assert f"{4096 + CONTEXT_OVERHEAD_MIB}MiB / 143771MiB" in t and "0MiB / 143771MiB" in t
     assert f"{w.pid}      C   VLLM::Worker_TP1" in t
     widths = {len(line) for line in t.splitlines()[1:] if line.startswith(("|", "+"))}
     assert widths == {91}
@@ -90,10 +89,8 @@ def test_exit_codes(node, tmp_path) -> None:
     assert smi(node, "--bogus").returncode == 2
 
 
-def test_a_call_is_a_fast_c_exec(node) -> None:
-    times = []
-    for _unused in range(15):
-        t0 = time.perf_counter()
-        smi(node, QUERY, "--format=csv,noheader")
-        times.append(time.perf_counter() - t0)
-    assert statistics.median(times) < 0.03, times
+def test_a_call_loads_the_library_and_exits(node) -> None:
+    # It is a C program that dlopens libnvidia-ml.so.1 like the real one (how fast: tests/bench/sim.py).
+    r = smi(node, QUERY, "--format=csv,noheader")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 8
+    assert smi(node, QUERY, "--format=csv,noheader", env={"LD_LIBRARY_PATH": ""}).returncode == 12

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _pct
@@ -239,4 +241,5 @@ def test_local_node_name_reads_etc_pve_local(tmp_path):
     link = tmp_path / "local"
     link.symlink_to("nodes/gpu-node-7")
     assert _pct.local_node_name(str(link)) == "gpu-node-7"
-    assert _pct.local_node_name(str(tmp_path / "absent")) != ""
+    # Without /etc/pve/local (not a PVE node, or pmxcfs down): the short host name, as PVE names nodes.
+    assert _pct.local_node_name(str(tmp_path / "absent")) == socket.gethostname().split(".")[0]

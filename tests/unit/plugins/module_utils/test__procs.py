@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs
@@ -166,3 +168,23 @@ def test_users_resolve_names_and_uids() -> None:
     # A uid nobody has would select nothing and look clean.
     with pytest.raises(CleanSlateError, match=r"^users: no user with uid 987654 on this host"):
         _procs.resolve_users(["987654"])
+
+
+def test_a_uid_without_a_passwd_entry_counts_when_a_process_runs_as_it() -> None:
+    """An unprivileged container's root is uid 100000+ on its Proxmox host, with no passwd entry there."""
+    import pwd
+    import subprocess
+
+    uid = 987653
+    with pytest.raises(KeyError):
+        pwd.getpwuid(uid)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process under another uid")
+    with pytest.raises(CleanSlateError, match=r"^users: no user with uid 987653 on this host"):
+        _procs.resolve_users([str(uid)])
+    proc = subprocess.Popen(["sleep", "30"], user=uid, group=uid)
+    try:
+        assert _procs.resolve_users([str(uid)]) == {uid}
+    finally:
+        proc.kill()
+        proc.wait()

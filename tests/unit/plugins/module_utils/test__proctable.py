@@ -13,6 +13,8 @@ import pytest
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable
 
+ROOT = Path(__file__).resolve().parents[4]
+
 HOLDER = textwrap.dedent(
     """
     import ctypes, mmap, os, sys, time
@@ -109,8 +111,13 @@ def test_stat_ancestry_and_kernel_threads() -> None:
     st = _proctable.read_stat(os.getpid())
     assert st is not None and st["ppid"] == os.getppid()
     chain = _proctable.ancestors(os.getpid())
-    assert chain[0] == os.getppid()
-    assert chain[-1] == 1 or 1 not in chain
+    # Every parent up to the namespace's init (pid 1 here: pidns-run's init, or the machine's).
+    expected, pid = [], os.getpid()
+    while pid != 1:
+        with open(f"/proc/{pid}/stat") as fh:
+            pid = int(fh.read().rpartition(")")[2].split()[1])
+        expected.append(pid)
+    assert chain == expected and chain[-1] == 1
     assert not _proctable.is_kernel_thread(os.getpid())
     assert _proctable.read_stat(_proctable.pid_max() + 1) is None
 
@@ -134,8 +141,23 @@ def test_comm_with_spaces_and_parentheses_is_parsed(tmp_path: Path) -> None:
 
 def test_namespaces_and_nspid() -> None:
     assert _proctable.pidns_inode("self") == _proctable.pidns_inode(os.getpid())
-    assert _proctable.nspids(os.getpid())[-1] == os.getpid() or len(_proctable.nspids(os.getpid())) >= 1
     assert _proctable.pidns_inode(_proctable.pid_max() + 1) is None
+    # A process one namespace down has two levels: the pid outside, then its pid inside.
+    inner = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        child = None
+        while child is None and time.monotonic() < deadline:
+            kids = Path(f"/proc/{inner.pid}/task/{inner.pid}/children").read_text().split()
+            child = int(kids[0]) if kids else None
+            time.sleep(0.01)
+        assert child is not None
+        levels = _proctable.nspids(child)
+        assert levels[0] == child and levels[1] == 1 and len(levels) == len(_proctable.nspids(os.getpid())) + 1
+        assert _proctable.pidns_inode(child) != _proctable.pidns_inode("self")
+    finally:
+        inner.kill()
+        inner.wait()
 
 
 def test_container_of_reads_proxmox_cgroup_paths(monkeypatch, tmp_path: Path) -> None:
@@ -163,15 +185,54 @@ def test_container_of_reads_proxmox_cgroup_paths(monkeypatch, tmp_path: Path) ->
         monkeypatch.undo()
 
 
-def test_kernel_threads_are_recognised_by_their_flag() -> None:
-    if not os.path.exists("/proc/2/stat"):
-        pytest.skip("no pid 2 visible")
-    st = _proctable.read_stat(2)
-    assert st is not None
-    # In the initial namespace pid 2 is kthreadd; in a child namespace it is an ordinary process.
-    assert _proctable.is_kernel_thread(2) == bool(st["flags"] & _proctable.PF_KTHREAD)
-    if _proctable.in_initial_pidns():
-        assert _proctable.is_kernel_thread(2)
+def test_kernel_threads_are_recognised_by_their_flag(monkeypatch, tmp_path: Path) -> None:
+    """Only the PF_KTHREAD flag counts: a process named like a kernel thread is not one, and in
+    a child PID namespace pid 2 is an ordinary process. Checked on made-up /proc/PID/stat lines
+    (the real kernel threads are met by tests/host, in the initial namespace)."""
+    kthread = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 9 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 0 0 0 17 1 0 0 0 0 0\n"
+    impostor = "2 (kworker/0:1) S 1 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 9 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 0 0 0 17 1 0 0 0 0 0\n"
+    real_open = open
+    for text, expected in ((kthread, True), (impostor, False)):
+
+        def fake_open(path, *a, _t=text, **kw):
+            if path == "/proc/2/stat":
+                f = tmp_path / "stat"
+                f.write_text(_t)
+                return real_open(f, *a, **kw)
+            return real_open(path, *a, **kw)
+
+        monkeypatch.setattr("builtins.open", fake_open)
+        assert _proctable.is_kernel_thread(2) is expected, text
+        monkeypatch.undo()
+    # And on this machine's real process list: our own pid is never a kernel thread.
+    assert _proctable.is_kernel_thread(os.getpid()) is False
+
+
+def test_an_ordinary_user_may_signal_only_its_own_processes(tmp_path: Path) -> None:
+    """may_signal() says what kill(2) would: as root, anything; as uid 65534, only its own."""
+    import shutil
+
+    assert _proctable.may_signal(os.getpid())  # root
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not python or not shutil.which("setpriv"):
+        pytest.fail("needs root, setpriv and a python3 every user can run in /usr/bin")
+    root_owned = subprocess.Popen(["sleep", "30"])
+    code = (
+        f"import sys, subprocess; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable\n"
+        "own = subprocess.Popen(['sleep', '30'])\n"
+        f"print(_proctable.may_signal({root_owned.pid}), _proctable.may_signal(own.pid), _proctable.may_signal(1))\n"
+        "own.kill()\n"
+    )
+    try:
+        out = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", code], capture_output=True, text=True, timeout=30, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["False", "True", "False"]
+    finally:
+        root_owned.kill()
+        root_owned.wait()
 
 
 def test_attribution_prefers_nvml_then_maps_then_fds() -> None:

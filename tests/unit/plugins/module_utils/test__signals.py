@@ -59,7 +59,9 @@ def test_term_ends_a_plain_process_at_once(spawn) -> None:
     took = _signals.escalate([v], grace_period=10, kill_timeout=10)
     assert v.outcome == "terminated"
     assert v.signals_sent == ["TERM"]
-    assert took < 1.0
+    # Returned when it was gone, not after the 10 s grace period (5 s: far above what a loaded
+    # machine adds, far below the grace).
+    assert took < 5
     assert p.wait(timeout=5) == -signal.SIGTERM
 
 
@@ -69,9 +71,10 @@ def test_grace_period_is_honoured_before_sigkill(spawn) -> None:
     start = time.monotonic()
     _signals.escalate([v], grace_period=0.6, kill_timeout=5)
     elapsed = time.monotonic() - start
+    # KILL came after TERM and not before the grace period was over (lower bounds: never early).
     assert v.outcome == "killed"
     assert v.signals_sent == ["TERM", "KILL"]
-    assert 0.6 <= elapsed < 2.0, elapsed
+    assert elapsed >= 0.6, elapsed
     assert v.seconds is not None and v.seconds >= 0.6
     assert p.wait(timeout=5) == -signal.SIGKILL
 
@@ -84,9 +87,9 @@ def test_stopped_process_is_continued_so_it_can_act_on_sigterm(spawn) -> None:
         time.sleep(0.01)
     v = victim(p)
     _signals.escalate([v], grace_period=5, kill_timeout=5)
+    # Continued, so it acted on TERM within the grace period: terminated, no KILL.
     assert v.signals_sent == ["TERM", "CONT"]
     assert v.outcome == "terminated"
-    assert v.seconds is not None and v.seconds < 2
 
 
 def test_waiting_returns_when_the_last_target_is_gone(spawn) -> None:
@@ -94,9 +97,11 @@ def test_waiting_returns_when_the_last_target_is_gone(spawn) -> None:
     victims = [victim(p) for p in procs]
     took = _signals.escalate(victims, grace_period=10, kill_timeout=10)
     assert all(v.outcome == "terminated" for v in victims)
-    assert 0.3 <= took < 1.5, took
-    # Each one is stamped when it went, not when the wait ended.
-    assert victims[0].seconds < victims[-1].seconds
+    # Not before the slowest was gone; well before the 10 s grace (5 s: room for a loaded machine).
+    assert 0.3 <= took < 5, took
+    # Each one is stamped when it went, not when the wait ended: in the order they exited.
+    seconds = [v.seconds for v in victims]
+    assert seconds == sorted(seconds) and seconds[0] < seconds[-1], seconds
 
 
 def test_first_signal_kill_skips_the_grace_period(spawn) -> None:
@@ -104,7 +109,7 @@ def test_first_signal_kill_skips_the_grace_period(spawn) -> None:
     v = victim(p)
     took = _signals.escalate([v], first="KILL", grace_period=30, kill_timeout=5)
     assert v.outcome == "killed" and v.signals_sent == ["KILL"]
-    assert took < 1.0
+    assert took < 15  # the 30 s grace period was skipped (15 s: room for a loaded machine)
 
 
 def test_a_process_that_is_gone_or_replaced_is_never_signalled(spawn) -> None:
@@ -148,7 +153,9 @@ def test_a_process_stuck_in_d_state_is_reported_unkillable(spawn, tmp_path: Path
         v = victim(p)
         start = time.monotonic()
         _signals.escalate([v], grace_period=0.2, kill_timeout=0.3)
-        assert time.monotonic() - start < 2
+        # Gave up after grace + kill_timeout instead of waiting on the frozen task (15 s: room
+        # for a loaded machine, far from "forever").
+        assert time.monotonic() - start < 15
         assert v.outcome == "unkillable"
         assert v.state == "D"
         assert v.wchan  # the kernel function it waits in, for the diagnosis

@@ -92,6 +92,32 @@ def test_diagnoses() -> None:
     assert _verify.diagnose(timeout, CRIT, {}, own)[0] == "unresponsive"
 
 
+def test_an_unlisted_holder_is_blamed_only_for_memory_the_listed_ones_cannot_explain() -> None:
+    """Every CUDA process maps every GPU's device file; a live context also costs the device a
+    little more than NVML charges its process (9 MiB for torch). Neither may make another job's
+    process the culprit of a GPU its own listed workers explain."""
+    listed = [subprocess.Popen(["sleep", "30"]) for _unused in range(2)]
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        procs = [GpuProcess(pid=p.pid, used_mib=1000) for p in listed]
+        holders = {p.pid: _proctable.Holding(gpu_fds={0, 1}, gpu_maps={0, 1}) for p in [*listed, other]}
+        nvml = {p.pid: {0} for p in listed}  # NVML lists them on GPU 0 (minor 0); `other` nowhere
+        # 2 x 9 MiB of overhead beyond the 64 MiB slack still belongs to the listed two.
+        diag, _detail, pids = _verify.diagnose(reading(2000 + 2 * 9, procs), CRIT, holders, set(), nvml)
+        assert diag == "busy" and pids == sorted(p.pid for p in listed)
+        # Another whole context's worth (a real one is >= 518 MiB) is held by someone unlisted.
+        diag, _detail, pids = _verify.diagnose(reading(2000 + 600, procs), CRIT, holders, set(), nvml)
+        assert pids == sorted(p.pid for p in [*listed, other])
+        # Under MIG NVML charges no process anything: the arithmetic says nothing, so nobody unlisted is blamed.
+        mig = [GpuProcess(pid=p.pid, used_mib=None) for p in listed]
+        diag, _detail, pids = _verify.diagnose(reading(2600, mig), CRIT, holders, set(), nvml)
+        assert pids == sorted(p.pid for p in listed)
+    finally:
+        for p in [*listed, other]:
+            p.kill()
+            p.wait()
+
+
 def test_poll_returns_at_once_when_clean_and_waits_until_the_deadline_otherwise() -> None:
     class Session:
         def __init__(self, used: list[int]) -> None:

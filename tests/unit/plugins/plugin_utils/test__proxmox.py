@@ -7,8 +7,11 @@ test__proxmox_config.py's subject.
 from __future__ import annotations
 
 import ssl
+import time
 
 import pytest
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
 from pvesim import PveSim, load_cluster
 
 from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _proxmox as px
@@ -153,11 +156,26 @@ def test_fetch_all_logs_in_once_for_password_auth():
         assert [m for m, _unused in s.requests].count("POST") == 1
 
 
-def test_make_unsafe_keeps_values_equal():
-    value = {"a": ["{{ lookup('pipe', 'id') }}"], "b": 1}
-    assert px.make_unsafe(value) == value
+def test_make_unsafe_keeps_values_equal_and_never_templated():
+    value = {"a": ["{{ marker }}", "{% if true %}X{% endif %}"], "b": 1, "c": {"d": "{{ marker }}"}}
+    marked = px.make_unsafe(value)
+    assert marked == value
+    templar = Templar(loader=DataLoader(), variables={"marker": "EVALUATED"})
+    # Control: the same text, trusted as a template, is evaluated (so the check below can fail)...
+    assert templar.template(trust_as_template("{{ marker }}")) == "EVALUATED"
+    # ...while what the inventory marks stays text, however deep it sits.
+    assert templar.template(marked) == value
 
 
-def test_ssl_module_available():
-    # The TLS tests above need a Python with ssl; fail loudly rather than skip if it is missing.
-    assert ssl.OPENSSL_VERSION
+def test_the_committed_fallback_certificate_still_serves_verified_tls(monkeypatch):
+    """Where the openssl CLI is missing the simulator serves the pair committed in pvesim/certs:
+    prove that pair still verifies (key matches, SAN, usages) and has years left, rather than
+    discover it the day it is needed."""
+    from pvesim import tls
+
+    monkeypatch.setattr(tls.shutil, "which", lambda _name: None)
+    with PveSim(load_cluster("gpu3"), tls=True) as s:
+        assert s.ca_path == str(tls.FALLBACK_CERT)
+        assert client_for(s, ca_path=s.ca_path).get("/version")["version"] == "8.2.4"
+    not_after = ssl._ssl._test_decode_cert(str(tls.FALLBACK_CERT))["notAfter"]  # type: ignore[attr-defined]
+    assert ssl.cert_time_to_seconds(not_after) > time.time() + 5 * 365 * 86400, not_after
