@@ -425,7 +425,10 @@ def start_launcher(node, sandbox, title: str):
 
 def test_workers_a_launcher_forks_during_the_kill_are_ended_too(mod, node, sandbox) -> None:
     launcher = start_launcher(node, sandbox, "respawn-worker")
-    r = mod("gpu_procs_kill", {"patterns": ["respawn"], "grace_period": 1, "kill_timeout": 2})
+    # kill_timeout is generous: a SIGKILLed worker tears its contexts down for ~0.2 s, serialised per GPU
+    # (60 ms apart), so a dozen late workers on one GPU take over a second on a loaded machine; the kill
+    # returns as soon as they are gone.
+    r = mod("gpu_procs_kill", {"patterns": ["respawn"], "grace_period": 1, "kill_timeout": 10})
     assert r["_status"] == "ok", r
     late = [t for t in r["targets"] if t["round"] > 1]
     assert late, r["targets"]
@@ -441,7 +444,8 @@ def test_workers_a_launcher_forks_during_the_kill_are_ended_too(mod, node, sandb
 def test_holders_still_appearing_at_the_deadline_fail_the_kill(mod, node, sandbox) -> None:
     # The launcher is not a target (no pattern, no GPU): its workers keep coming until the deadline.
     launcher = start_launcher(node, sandbox, "gpu-worker")
-    r = mod("gpu_procs_kill", {"grace_period": 0.5, "kill_timeout": 1, "deadline": 1.5})
+    # kill_timeout leaves the SIGKILLed workers time to tear down (see above); the deadline ends the rounds.
+    r = mod("gpu_procs_kill", {"grace_period": 0.5, "kill_timeout": 10, "deadline": 6})
     assert (r["_status"], r["reason"]) == ("failed", "holders_remain"), r
     assert r["remaining"] and all(x["name"] == "gpu-worker" for x in r["remaining"])
     assert r["summary"]["rounds"] >= 2

@@ -290,7 +290,7 @@ def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
     n1, n2, n3, sb = three_nodes
     # No name the default patterns know: the hosts of nodes 2 and 3 must not end it either.
     survivor = n1.spawn_worker(gpus=[0], mib=8000, sandbox=sb)
-    n2.set_fault(orphan={1: 4096})
+    n2.set_fault(orphan={1: 4096}, recovery_action={1: 1})  # leaked, and the driver asks for a reset
     reports = tmp_path / "reports"
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the report directory should be\n")
