@@ -168,6 +168,79 @@ def test_pct_on_the_hypervisor_enters_the_container(fresh: Lab) -> None:
 
 
 # ---------------------------------------------------------------------- the job
+def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_nothing(fresh: Lab) -> None:
+    """pve1 and pve2 start with Debian's EXTERNALLY-MANAGED python3 and none of the modules' dependencies. One
+    run makes a virtual environment on each (pve1 from the controller's package index, pve2 from the wheels the
+    controller ships; the containers cleaned through them use the same one) and cleans every host; the second
+    changes nothing and uses the environments at once. The system Python is never changed. (First of the
+    playbook runs in this file, so that the others find the environments made.)"""
+    lab = fresh
+    assert lab.index is not None
+    for node in lab.nodes:
+        assert node.venv is not None
+        shutil.rmtree(node.venv, ignore_errors=True)
+        Path(f"{node.venv}.lock").unlink(missing_ok=True)
+    assert not any(system_python_has(m) for m in ("pynvml", "psutil", "jmespath")), "the lab's hypervisors must start without them"
+    asked = len(lab.index.requests)
+
+    first = lab.playbook()
+    assert first.rc == 0, first.output
+    assert all(stats(first)[name]["changed"] >= 1 for name in GPU_HOSTS), stats(first)
+    for node in lab.nodes:
+        assert node.venv is not None and node.address is not None
+        sharing = [node.name] + [c.name for c in lab.containers if c.node is node and c.reach == "hypervisor"]
+        for name in sharing:
+            probe = json.loads(first.task("Look for the modules' virtual environment", host=name)["result"]["stdout"])
+            assert (probe["python"], probe["venv"], probe["ensurepip"]) == (SYSTEM_PYTHON, "absent", True), probe
+            before = first.task("Take the before picture", host=name)["result"]
+            assert before["python"]["missing"] == ["nvidia-ml-py", "psutil", "jmespath"], before["python"]
+            assert os.path.realpath(before["python"]["executable"]) == os.path.realpath(SYSTEM_PYTHON)  # Ansible found Debian's
+            again = first.task("Take the before picture again", host=name)["result"]
+            assert again["python"]["executable"] == str(node.venv / "bin" / "python") and again["python"]["missing"] == [], again["python"]
+            assert again["python"]["version"] == before["python"]["version"]
+            pip = first.task("Install the dependencies into the virtual environment", host=name)["result"]
+            assert ("--no-index" in pip["cmd"]) == (name not in ("pve1", "ct102")), pip["cmd"]
+        # They share the node's environment; under its lock one of them made it and installed, the others found it done.
+        made = [n for n in sharing if first.task("Make the modules' virtual environment", host=n)["result"]["changed"]]
+        installed = [n for n in sharing if first.task("Install the dependencies into the virtual environment", host=n)["result"]["changed"]]
+        assert len(made) == 1 and len(installed) == 1, (node.name, made, installed)
+        assert "include-system-site-packages = true" in (node.venv / "pyvenv.cfg").read_text()
+        listed = subprocess.run(
+            [str(node.venv / "bin" / "python"), "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"],
+            env={"PIP_CONFIG_FILE": os.devnull, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        versions = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
+        pins = dict(w.name.split("-")[:2] for w in WHEELS.glob("*.whl"))
+        assert {k.replace("_", "-"): v for k, v in pins.items()}.items() <= versions.items(), versions
+    # pve1 (and ct102 through it) asked the index; pve2 read the copied wheels and asked nobody.
+    asked_by = {client for client, _path in lab.index.requests[asked:]}
+    paths = {path for _client, path in lab.index.requests[asked:]}
+    assert asked_by == {lab["pve1"].address}, lab.index.requests[asked:]
+    assert {"/simple/nvidia-ml-py/", "/simple/psutil/", "/simple/jmespath/"} <= paths, paths
+    pve2_venv = lab["pve2"].venv
+    assert pve2_venv is not None
+    assert sorted(p.name for p in (pve2_venv / "wheels").iterdir()) == sorted(p.name for p in WHEELS.glob("*.whl"))
+    for name in GPU_HOSTS:
+        assert_clean(lab, first, name)
+    assert not any(system_python_has(m) for m in ("pynvml", "psutil", "jmespath")), "the system Python was changed"
+
+    second = lab.playbook()
+    assert second.rc == 0, second.output
+    for name in GPU_HOSTS:
+        host = lab[name]
+        assert stats(second)[name]["changed"] == 0, (name, stats(second)[name])
+        assert stats(second)[name]["failures"] == 0
+        res = result_of(second, name)
+        assert res["ended"] == 0 and res["clean"] is True, res
+        assert run_targets(second, name) == []
+        assert second.task("Take the before picture", host=name)["result"]["python"]["executable"] == modules_python(host)
+        if host.venv is not None:
+            assert second.task("Deal with missing Python dependencies", host=name)["status"] == "skipped"
+
+
 def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
     lab = fresh
     targets = {name: expected_pids(lab[name]) for name in GPU_HOSTS}
@@ -271,78 +344,6 @@ def test_check_mode_ends_nothing(fresh: Lab) -> None:
         assert {tg["pid"] for tg in run_targets(run, name)} == expected_pids(lab[name])
         assert all(tg["signals_sent"] == [] for tg in run_targets(run, name))
         assert_untouched(lab, name, before[name])
-
-
-def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_nothing(fresh: Lab) -> None:
-    """pve1 and pve2 start with Debian's EXTERNALLY-MANAGED python3 and none of the modules' dependencies. One
-    run makes a virtual environment on each (pve1 from the controller's package index, pve2 from the wheels the
-    controller ships; the containers cleaned through them use the same one) and cleans every host; the second
-    changes nothing and uses the environments at once. The system Python is never changed."""
-    lab = fresh
-    assert lab.index is not None
-    for node in lab.nodes:
-        assert node.venv is not None
-        shutil.rmtree(node.venv, ignore_errors=True)
-        Path(f"{node.venv}.lock").unlink(missing_ok=True)
-    assert not any(system_python_has(m) for m in ("pynvml", "psutil", "jmespath")), "the lab's hypervisors must start without them"
-    asked = len(lab.index.requests)
-
-    first = lab.playbook()
-    assert first.rc == 0, first.output
-    assert all(stats(first)[name]["changed"] >= 1 for name in GPU_HOSTS), stats(first)
-    for node in lab.nodes:
-        assert node.venv is not None and node.address is not None
-        sharing = [node.name] + [c.name for c in lab.containers if c.node is node and c.reach == "hypervisor"]
-        for name in sharing:
-            probe = json.loads(first.task("Look for the modules' virtual environment", host=name)["result"]["stdout"])
-            assert (probe["python"], probe["venv"], probe["ensurepip"]) == (SYSTEM_PYTHON, "absent", True), probe
-            before = first.task("Take the before picture", host=name)["result"]
-            assert before["python"]["missing"] == ["nvidia-ml-py", "psutil", "jmespath"], before["python"]
-            assert os.path.realpath(before["python"]["executable"]) == os.path.realpath(SYSTEM_PYTHON)  # Ansible found Debian's
-            again = first.task("Take the before picture again", host=name)["result"]
-            assert again["python"]["executable"] == str(node.venv / "bin" / "python") and again["python"]["missing"] == [], again["python"]
-            assert again["python"]["version"] == before["python"]["version"]
-            pip = first.task("Install the dependencies into the virtual environment", host=name)["result"]
-            assert ("--no-index" in pip["cmd"]) == (name not in ("pve1", "ct102")), pip["cmd"]
-        # They share the node's environment; under its lock one of them made it and installed, the others found it done.
-        made = [n for n in sharing if first.task("Make the modules' virtual environment", host=n)["result"]["changed"]]
-        installed = [n for n in sharing if first.task("Install the dependencies into the virtual environment", host=n)["result"]["changed"]]
-        assert len(made) == 1 and len(installed) == 1, (node.name, made, installed)
-        assert "include-system-site-packages = true" in (node.venv / "pyvenv.cfg").read_text()
-        listed = subprocess.run(
-            [str(node.venv / "bin" / "python"), "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"],
-            env={"PIP_CONFIG_FILE": os.devnull, "PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        versions = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
-        pins = dict(w.name.split("-")[:2] for w in WHEELS.glob("*.whl"))
-        assert {k.replace("_", "-"): v for k, v in pins.items()}.items() <= versions.items(), versions
-    # pve1 (and ct102 through it) asked the index; pve2 read the copied wheels and asked nobody.
-    asked_by = {client for client, _path in lab.index.requests[asked:]}
-    paths = {path for _client, path in lab.index.requests[asked:]}
-    assert asked_by == {lab["pve1"].address}, lab.index.requests[asked:]
-    assert {"/simple/nvidia-ml-py/", "/simple/psutil/", "/simple/jmespath/"} <= paths, paths
-    pve2_venv = lab["pve2"].venv
-    assert pve2_venv is not None
-    assert sorted(p.name for p in (pve2_venv / "wheels").iterdir()) == sorted(p.name for p in WHEELS.glob("*.whl"))
-    for name in GPU_HOSTS:
-        assert_clean(lab, first, name)
-    assert not any(system_python_has(m) for m in ("pynvml", "psutil", "jmespath")), "the system Python was changed"
-
-    second = lab.playbook()
-    assert second.rc == 0, second.output
-    for name in GPU_HOSTS:
-        host = lab[name]
-        assert stats(second)[name]["changed"] == 0, (name, stats(second)[name])
-        assert stats(second)[name]["failures"] == 0
-        res = result_of(second, name)
-        assert res["ended"] == 0 and res["clean"] is True, res
-        assert run_targets(second, name) == []
-        assert second.task("Take the before picture", host=name)["result"]["python"]["executable"] == modules_python(host)
-        if host.venv is not None:
-            assert second.task("Deal with missing Python dependencies", host=name)["status"] == "skipped"
 
 
 # ---------------------------------------------------------------------- failures stay per host
