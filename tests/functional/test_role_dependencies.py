@@ -8,7 +8,10 @@ Each test checks that the system Python was not changed and that nothing was end
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -112,6 +115,50 @@ def test_an_offline_host_without_all_the_wheels_fails_in_the_dependencies_phase(
     assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()  # Debian's python3-psutil would count
     assert worker.alive(), "nothing may be ended on a host whose GPUs were not read"
     assert not system_has("nvidia_ml_py") and not system_has("pynvml"), "the system Python was changed"
+
+
+def test_a_python3_without_ensurepip_gets_python3_venv_from_the_package_manager(node, tmp_path: Path) -> None:
+    """Debian's python3 without python3-venv has no ensurepip. Here ensurepip is hidden by an overlay whiteout in a
+    private mount namespace (this machine's packages stay as they are): the role asks the OS package manager for
+    python3-venv (real apt, which finds it installed and changes nothing), and when the environment still cannot
+    be made, the host is red with Debian's own words and what venv left half made is removed."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    stdlib = subprocess.run(
+        [str(SYSTEM_PYTHON), "-c", "import os, ensurepip; print(os.path.dirname(os.path.dirname(ensurepip.__file__)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    whiteout = tmp_path / "whiteout"
+    whiteout.mkdir()
+    os.mknod(whiteout / "ensurepip", 0o600 | stat.S_IFCHR, os.makedev(0, 0))  # overlayfs: "no such entry"
+    hide = f'mount -t overlay gpuops-test-no-ensurepip -o lowerdir={whiteout}:{stdlib} {stdlib} && exec "$@"'
+    venv = tmp_path / "opt" / "gpuops" / "venv"
+    inv = local_inventory(tmp_path / "hosts.yml", {"no-ensurepip": deps_vars(n, tmp_path)})
+    plays = [
+        {
+            "name": "Clean slate",
+            "hosts": "gpu_nodes",
+            "gather_facts": False,
+            "environment": {"GPUSIM_STATE": "{{ gpusim_state }}", "PATH": SYSTEM_PATH},
+            "roles": [{"role": "gpuops.clean_slate.clean_slate"}],
+        }
+    ]
+    wrapper = [*sb.nsenter_prefix(), "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", hide, "sh"]
+    result = run_playbook(plays, inventory=inv, env=n.env(), wrapper=wrapper)
+    assert result.rc == 2, result.output
+    probe = json.loads(result.task("Look for the modules' virtual environment", host="no-ensurepip")["result"]["stdout"])
+    assert probe["ensurepip"] is False and probe["venv"] == "absent", probe
+    package = result.task("Install python3-venv, which python3 -m venv needs", host="no-ensurepip")
+    assert package["status"] == "ok" and package["result"]["changed"] is False, package  # installed here: apt did nothing
+    entry = assert_red(
+        result, "no-ensurepip", "dependencies", "dependency_install_failed", f"could not create the virtual environment {venv} on no-ensurepip: "
+    )
+    assert "ensurepip is not available" in entry["msg"] and entry["msg"].endswith("nothing was ended."), entry["msg"]
+    assert not venv.exists(), "a half-made environment (no pip) was left to pass for a working one"
+    assert subprocess.run([str(SYSTEM_PYTHON), "-c", "import ensurepip"], check=False).returncode == 0  # only hidden there
+    assert worker.alive()
 
 
 def test_check_mode_says_what_it_would_install_and_changes_nothing(node, tmp_path: Path) -> None:
