@@ -194,3 +194,16 @@ def test_bad_dependency_variables_are_refused_before_anything_runs(node, tmp_pat
     assert not [r["task"] for r in result.results if r["status"] != "skipped" and (r["action"].startswith("gpuops.") or r["action"] in touched)]
     assert artifacts(result)["bad"]["reason"] == "bad_variable"
     assert worker.alive()
+
+
+def test_an_interpreter_given_as_extra_variable_is_refused_with_the_reason(node, tmp_path: Path) -> None:
+    """-e ansible_python_interpreter (or an AWX extra variable) overrides every task's interpreter, so the modules could
+    never run from the virtual environment: the host stops before anything is installed, saying so."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    venv = tmp_path / "opt" / "gpuops" / "venv"
+    result = run(n, sb, tmp_path, {"forced": deps_vars(n, tmp_path)}, extra_vars={"ansible_python_interpreter": str(SYSTEM_PYTHON)})
+    assert result.rc == 2, result.output
+    entry = assert_red(result, "forced", "dependencies", "missing_dependencies", "but ansible_python_interpreter is given as an extra variable")
+    assert f"install the dependencies for {SYSTEM_PYTHON}." in entry["msg"], entry["msg"]
+    assert not venv.parent.exists() and worker.alive()

@@ -982,14 +982,34 @@ class Lab:
 
     def pct_remote_inventory(self) -> Path:
         """The lab inventory with ``pct_remote: no_address``: the containers without an address (ct102,
-        ct201) are reached through their node by community.proxmox's proxmox_pct_remote connection. Same
-        host_vars and group_vars (linked)."""
+        ct201) are reached through their node by community.proxmox's proxmox_pct_remote connection and clean
+        themselves, so their host_vars are those of a host of its own: the container's Python, with the
+        dependencies (as an image that has them; making a virtual environment inside the container through
+        pct_remote works too, but costs the lab some 30 s), and their GPUs named. The other hosts' host_vars
+        and the group_vars are the lab inventory's."""
         assert self.workdir is not None and self.inventory is not None
         inv = self.workdir / "inventory-pct_remote"
         if not inv.exists():
-            inv.mkdir()
-            for sub in ("host_vars", "group_vars"):
-                (inv / sub).symlink_to(self.inventory.parent / sub)
+            (inv / "host_vars").mkdir(parents=True)
+            (inv / "group_vars").symlink_to(self.inventory.parent / "group_vars")
+            for host in self.hosts.values():
+                source = self.inventory.parent / "host_vars" / f"{host.name}.yml"
+                if host.kind == "node" or host.reach == "ssh":
+                    (inv / "host_vars" / source.name).symlink_to(source)
+                    continue
+                (inv / "host_vars" / source.name).write_text(
+                    "\n".join(
+                        [
+                            "---",
+                            f"# {host.name}: LXC container {host.vmid}, through its node with proxmox_pct_remote; cleans itself.",
+                            f"ansible_python_interpreter: {host.python}",
+                            f"clean_slate_device_dir: {host.gpu_sim.dev_dir}",
+                            "# The simulated NVML shows a container every GPU of its node: name the passed-through ones.",
+                            f"clean_slate_gpus: {host.gpus}",
+                            "",
+                        ]
+                    )
+                )
             text = self.inventory.read_text()
             (inv / self.inventory.name).write_text(
                 text + "# Containers without an address: through their node with community.proxmox.proxmox_pct_remote.\npct_remote: no_address\n"

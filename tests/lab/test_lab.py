@@ -306,12 +306,7 @@ def test_a_container_through_proxmox_pct_remote_is_cleaned_in_its_own_scope(fres
     daemons = all_daemons(lab)
     calls = len(lab.pct_calls(pve2))
     inside = {p.pid_at(2) for p in ct201.workload}  # as the container's own PID namespace numbers them
-    # The container's own Python (its dependencies installed), and its GPUs named: NVML shows it the whole node.
-    run = lab.playbook(
-        inventory=lab.pct_remote_inventory(),
-        limit="ct201",
-        extra_vars={"clean_slate_gpus": ct201.gpus, "clean_slate_install_dependencies": False},
-    )
+    run = lab.playbook(inventory=lab.pct_remote_inventory(), limit="ct201")
     assert run.rc == 0, run.output
     assert set(stats(run)) == {"ct201"}
     res = result_of(run, "ct201")
@@ -320,7 +315,7 @@ def test_a_container_through_proxmox_pct_remote_is_cleaned_in_its_own_scope(fres
     kill = run.task("End the GPU processes", host="ct201")["result"]
     assert {tg["pid"] for tg in kill["targets"]} == inside, kill["targets"]
     assert {tg["pid"] for tg in kill["targets"] if "KILL" in tg["signals_sent"]} == {p.pid_at(2) for p in ct201.workload if p.ignores_term}
-    assert reading(run, "ct201")["python"]["executable"] == ct201.python
+    assert reading(run, "ct201")["python"]["executable"] == ct201.python  # the container's own, not pve2's
     for name, before in untouched.items():
         assert_untouched(lab, name, before)
     assert daemons_alive(lab) == daemons  # ct201's own dcgm-exporter too
