@@ -44,8 +44,8 @@ $(COLL_LINK):
 	@mkdir -p $(dir $@)
 	@ln -sfn ../.. $@
 
-$(TEST_DEPS): $(VENV)/.stamp tests/tools/fetch-test-deps
-	@$(PY) tests/tools/fetch-test-deps
+$(TEST_DEPS): $(VENV)/.stamp tests/tools/fetch_test_deps.py
+	@$(PY) tests/tools/fetch_test_deps.py
 
 $(VENV)/.get-pip-shim: $(VENV)/.stamp
 	@tests/tools/write-get-pip-shim $(PY)

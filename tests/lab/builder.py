@@ -74,7 +74,7 @@ NETNS_DIR = Path("/run/netns")
 LOCK_FILE = Path("/run/lock/gpuops-clean-slate-lab.lock")
 TMP_PREFIX = "gpuops-lab-"
 TARGET_VENV = ROOT / ".build" / "lab" / "py39"
-#: Test-only downloads of `make setup` (tests/tools/fetch-test-deps).
+#: Test-only downloads of `make setup` (tests/tools/fetch_test_deps.py).
 WHEELS = ROOT / ".build" / "wheels"
 TEST_COLLECTIONS = ROOT / ".build" / "collections"
 COMMUNITY_PROXMOX = TEST_COLLECTIONS / "ansible_collections" / "community" / "proxmox"
@@ -409,7 +409,7 @@ class Lab:
         if not os.path.exists(SSHD):
             raise LabError(f"{SSHD} is missing: run tests/tools/install-system-deps")
         if not list(WHEELS.glob("*.whl")) or not (COMMUNITY_PROXMOX / "MANIFEST.json").exists():
-            raise LabError(f"{WHEELS} or {COMMUNITY_PROXMOX} is missing: run make setup (tests/tools/fetch-test-deps)")
+            raise LabError(f"{WHEELS} or {COMMUNITY_PROXMOX} is missing: run make setup (tests/tools/fetch_test_deps.py)")
         self._take_lock()
         try:
             self.target_python = target_python()  # may need PyPI: before leaving the host's network

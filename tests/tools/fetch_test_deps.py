@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Test-only downloads for the lab, made once by `make setup` so that no test needs the network.
 
 * ``.build/collections/ansible_collections/community/proxmox``: the collection community.proxmox (for its
@@ -10,7 +9,7 @@
   the lab installs them with ``clean_slate_wheels_dir`` (its hosts reach nothing but the controller) and
   serves them as a package index for the index path.
 
-Usage: ``.venv/bin/python tests/tools/fetch-test-deps`` (the Makefile runs it with the venv's Python).
+Usage: ``.venv/bin/python tests/tools/fetch_test_deps.py`` (the Makefile runs it with the venv's Python).
 Idempotent: a stamp records what was fetched; a changed pin or version fetches again.
 """
 
@@ -80,7 +79,8 @@ def fetch_wheels(version: str, specs: list[str]) -> list[str]:
     shutil.rmtree(WHEELS, ignore_errors=True)
     WHEELS.mkdir(parents=True)
     platforms = [f"manylinux2014_{arch}", f"manylinux_2_17_{arch}", f"manylinux_2_28_{arch}", f"linux_{arch}"]
-    pip("--only-binary=:all:", "--python-version", version, "--implementation", "cp", *(a for p in platforms for a in ("--platform", p)), "-d", str(WHEELS), *specs)
+    platform_args = [a for p in platforms for a in ("--platform", p)]
+    pip("--only-binary=:all:", "--python-version", version, "--implementation", "cp", *platform_args, "-d", str(WHEELS), *specs)
     return sorted(p.name for p in WHEELS.glob("*.whl"))
 
 
