@@ -11,6 +11,8 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 SIM_BUILD := $(ROOT)/tests/sim/build
 COLL_LINK := $(ROOT)/ansible_collections/gpuops/clean_slate
+# Test-only downloads (community.proxmox for the lab's pct_remote container, wheels for its hypervisors).
+TEST_DEPS := $(ROOT)/.build/test-deps.json
 PYTEST_ARGS ?=
 
 export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
@@ -23,7 +25,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 all: setup
 
 ## ---------------------------------------------------------------- setup
-setup: $(VENV)/.stamp $(SIM_BUILD)/.stamp $(COLL_LINK) $(VENV)/.get-pip-shim
+setup: $(VENV)/.stamp $(SIM_BUILD)/.stamp $(COLL_LINK) $(VENV)/.get-pip-shim $(TEST_DEPS)
 
 $(VENV)/.stamp: tests/requirements.txt
 	@tests/tools/install-system-deps
@@ -41,6 +43,9 @@ $(SIM_BUILD)/.stamp: $(VENV)/.stamp $(wildcard tests/sim/nvml/*.c tests/sim/nvml
 $(COLL_LINK):
 	@mkdir -p $(dir $@)
 	@ln -sfn ../.. $@
+
+$(TEST_DEPS): $(VENV)/.stamp tests/tools/fetch_test_deps.py
+	@$(PY) tests/tools/fetch_test_deps.py
 
 $(VENV)/.get-pip-shim: $(VENV)/.stamp
 	@tests/tools/write-get-pip-shim $(PY)

@@ -8,10 +8,15 @@ See docs/lab.md for the picture. In short:
 * network namespace ``gpuopslab`` (the controller's: pytest, ansible-playbook, the API
   simulator on 127.0.0.1) holds the bridge ``gpuopslab0`` with 10.77.0.1/24; veth links go
   to the network namespaces ``pve1``, ``pve2`` and ``ct101``;
-* a hypervisor is a network namespace + PID namespace (+ its own /proc) whose pid 1 is
-  ``gpusim/_sbinit.py``, running its own ``sshd`` on its address, with a gpusim node (8 GPUs) whose
-  sessions get ``GPUSIM_STATE``, ``LD_LIBRARY_PATH``, ``PCTSIM_DIR`` and a PATH with the fake
-  ``pct``;
+* a hypervisor is a network namespace + PID namespace (+ its own /proc and mount namespace) whose
+  pid 1 is ``gpusim/_sbinit.py``, running its own ``sshd`` on its address, with a gpusim node (8 GPUs)
+  whose sessions get ``GPUSIM_STATE``, ``LD_LIBRARY_PATH`` and ``PCTSIM_DIR``; the fake ``pct`` is at
+  ``/usr/sbin/pct`` there (an overlay on ``/usr/sbin`` in its mount namespace), where Proxmox VE has it
+  and where community.proxmox's ``proxmox_pct_remote`` calls it. Its Python is this machine's Debian
+  ``/usr/bin/python3`` (EXTERNALLY-MANAGED), without the modules' dependencies: the role installs them
+  into a virtual environment (pve1 from a package index the controller serves, pve2 from wheels
+  shipped by the controller; neither reaches anything else), and pip reads no configuration of this
+  machine (``PIP_CONFIG_FILE=/dev/null``);
 * a container is a PID namespace nested in its hypervisor's (so the hypervisor's /proc sees
   its processes, with NSpid levels, as on Proxmox), in the cgroup ``lxc/<vmid>``, registered
   with its hypervisor's ``pct``; ct101 also has a network namespace and its own sshd;
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import http.server
 import json
 import os
 import re
@@ -37,6 +43,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -67,6 +74,15 @@ NETNS_DIR = Path("/run/netns")
 LOCK_FILE = Path("/run/lock/gpuops-clean-slate-lab.lock")
 TMP_PREFIX = "gpuops-lab-"
 TARGET_VENV = ROOT / ".build" / "lab" / "py39"
+#: Test-only downloads of `make setup` (tests/tools/fetch_test_deps.py).
+WHEELS = ROOT / ".build" / "wheels"
+TEST_COLLECTIONS = ROOT / ".build" / "collections"
+COMMUNITY_PROXMOX = TEST_COLLECTIONS / "ansible_collections" / "community" / "proxmox"
+#: The hypervisors' Python: Debian's, as on Proxmox VE 8 (Debian 12).
+SYSTEM_PYTHON = "/usr/bin/python3"
+#: Which hypervisor installs the modules' dependencies from the controller's package index (the others
+#: from wheels shipped with clean_slate_wheels_dir).
+INDEX_NODE = "pve1"
 DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 CONTAINER_DAEMONS = ("dcgm-exporter",)
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -252,6 +268,16 @@ class Host:
     def running(self) -> bool:
         return self.init is not None and self.init.alive()
 
+    @property
+    def venv(self) -> Path | None:
+        """The modules' virtual environment the role makes where this host's modules run: on the node
+        (for a container cleaned through it too); None for a host with its own interpreter (ct101)."""
+        if self.kind == "node":
+            return self.dir / "venv"
+        if self.reach == "hypervisor" and self.node is not None:
+            return self.node.dir / "venv"
+        return None
+
 
 def workload_plan(gpus: list[int]) -> list[dict[str, Any]]:
     """An SGLang-like job on these GPUs: renamed scheduler workers, one vLLM worker that
@@ -270,8 +296,8 @@ def workload_plan(gpus: list[int]) -> list[dict[str, Any]]:
 
 
 def target_python() -> str:
-    """The interpreter the hypervisors use: a venv on pyenv's Python 3.9 (the oldest target the
-    collection supports), with the modules' dependencies pinned as in tests/requirements.txt.
+    """The interpreter of ct101 (the container with its own sshd): a venv on pyenv's Python 3.9 (the
+    oldest target the collection supports), with the modules' dependencies pinned as in tests/requirements.txt.
     Built once under .build/lab; falls back to the controller's venv when there is no 3.9."""
     base = None
     try:
@@ -301,6 +327,37 @@ def target_python() -> str:
     return str(py)
 
 
+class PackageIndex:
+    """A PEP 503 "simple" package index over HTTP on the controller's lab address, serving the wheels of
+    .build/wheels: the mirror a Proxmox VE node's pip configuration (index-url) points at. pip reads the
+    directory listings of http.server as index pages. Records which client asked for which path."""
+
+    def __init__(self, root: Path, address: str) -> None:
+        for whl in WHEELS.glob("*.whl"):
+            project = re.sub(r"[-_.]+", "-", whl.name.split("-")[0]).lower()
+            (root / "simple" / project).mkdir(parents=True, exist_ok=True)
+            shutil.copy(whl, root / "simple" / project / whl.name)
+        self.requests: list[tuple[str, str]] = []
+        index = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, directory=str(root), **kwargs)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                index.requests.append((self.client_address[0], self.path))
+
+        # Bound by this thread, which is in the lab network by now; the serving thread only accepts.
+        self.server = http.server.ThreadingHTTPServer((address, 0), Handler)
+        self.url = f"http://{address}:{self.server.server_address[1]}/simple/"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="lab-package-index", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 # ---------------------------------------------------------------------- the lab
 class Lab:
     """The lab: build(), reset() (a fresh workload on every host), playbook(); teardown()."""
@@ -316,6 +373,7 @@ class Lab:
         self.token_secret = str(uuid.uuid4())
         self.inventory: Path | None = None
         self.target_python = VENV_PYTHON
+        self.index: PackageIndex | None = None
         self._lock_fd = -1
         self._orig_netns = -1
         self._netns_mounted = False
@@ -350,6 +408,8 @@ class Lab:
                 raise LabError(f"{tool} is missing: run tests/tools/install-system-deps")
         if not os.path.exists(SSHD):
             raise LabError(f"{SSHD} is missing: run tests/tools/install-system-deps")
+        if not list(WHEELS.glob("*.whl")) or not (COMMUNITY_PROXMOX / "MANIFEST.json").exists():
+            raise LabError(f"{WHEELS} or {COMMUNITY_PROXMOX} is missing: run make setup (tests/tools/fetch_test_deps.py)")
         self._take_lock()
         try:
             self.target_python = target_python()  # may need PyPI: before leaving the host's network
@@ -361,6 +421,7 @@ class Lab:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuops-lab-controller", "-f", self.workdir / "ssh" / "id_ed25519")
             self._network()
+            self.index = PackageIndex(self.workdir / "index", self.controller_ip)
             self._describe_hosts()
             for host in self.nodes:
                 self._start_node(host)
@@ -467,7 +528,7 @@ class Lab:
                 gpus=list(meta["own_gpus"]),
                 address=n["ip"],
                 netns=n["name"],
-                python=self.target_python,
+                python=SYSTEM_PYTHON,
             )
         for g in self.cluster["guests"]:
             meta = g.get("meta", {})
@@ -486,6 +547,7 @@ class Lab:
                 node=self.hosts[g["node"]],
                 reach=meta.get("reach", "hypervisor"),
                 netns=name if meta.get("reach") == "ssh" else None,
+                python=self.target_python if meta.get("reach") == "ssh" else VENV_PYTHON,
                 conf=conf,
             )
         for n in self.cluster["nodes"]:
@@ -523,14 +585,26 @@ class Lab:
         self._start_init(host, ["nsenter", f"--net={NETNS_DIR / host.name}", "--"], unshare_net=False)
         host.pct_dir.mkdir()
         (host.pct_dir / "node").write_text(host.name + "\n")
-        (host.dir / "bin").mkdir()
-        (host.dir / "bin" / "pct").symlink_to(FAKE_PCT)
+        # /usr/sbin/pct, in this node's mount namespace only (unshare made it private): a read-only overlay
+        # of a directory holding the fake pct over this machine's /usr/sbin.
+        (host.dir / "sbin").mkdir()
+        (host.dir / "sbin" / "pct").symlink_to(FAKE_PCT)
+        assert host.init is not None
+        overlay = f"lowerdir={host.dir / 'sbin'}:/usr/sbin"
+        sh("nsenter", "-t", host.init.pid, "-m", "--", "mount", "-t", "overlay", "-o", overlay, "gpuops-lab-sbin", "/usr/sbin")
         env = {
             "GPUSIM_STATE": str(host.sim.state_dir),
             "LD_LIBRARY_PATH": str(LIB_DIR),
             "PCTSIM_DIR": str(host.pct_dir),
-            "PATH": f"{host.dir / 'bin'}:{BIN_DIR}:{STD_PATH}",
+            "PATH": f"{BIN_DIR}:{STD_PATH}",
+            # pip reads none of this machine's configuration files; the index node's pip is configured
+            # through the environment, as /etc/pip.conf would configure it on a real node.
+            "PIP_CONFIG_FILE": os.devnull,
         }
+        if host.name == INDEX_NODE and self.index is not None:
+            # A plain-HTTP mirror on the private network, as many sites run one: pip needs it named trusted.
+            env["PIP_INDEX_URL"] = self.index.url
+            env["PIP_TRUSTED_HOST"] = self.controller_ip
         self._start_sshd(host, env)
         for name in DAEMONS:
             host.daemons[name] = self._spawn_daemon(host, name)
@@ -861,7 +935,23 @@ class Lab:
             lines = [
                 "---",
                 f"# {host.name}: {'Proxmox VE node' if host.kind == 'node' else f'LXC container {host.vmid} on {host.node.name}'}",  # type: ignore[union-attr]
-                f"ansible_python_interpreter: {host.python}",
+            ]
+            if host.kind == "node":
+                lines += ["# No ansible_python_interpreter: Ansible finds Debian's python3, as on a Proxmox VE node."]
+            else:
+                lines += [f"ansible_python_interpreter: {host.python}"]
+            if host.venv is not None:
+                node = host if host.kind == "node" else host.node
+                assert node is not None
+                lines += [
+                    "# The modules' dependencies go into a virtual environment on the node (for a container cleaned",
+                    "# through it too), from the controller's package index or from its wheels.",
+                    "clean_slate_install_dependencies: true",
+                    f"clean_slate_venv_dir: {host.venv}",
+                ]
+                if node.name != INDEX_NODE:
+                    lines += [f"clean_slate_wheels_dir: {WHEELS}"]
+            lines += [
                 "# The simulated node's device files stand in for /dev.",
                 f"clean_slate_device_dir: {sim.dev_dir}",
             ]
@@ -880,13 +970,51 @@ class Lab:
             "PROXMOX_TOKEN_SECRET": self.token_secret,
             "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.workdir / "cp"),
             "ANSIBLE_TIMEOUT": "10",
+            # community.proxmox (for proxmox_pct_remote), test-only, beside the checkout's collection.
+            "ANSIBLE_COLLECTIONS_PATH": f"{ROOT}:{TEST_COLLECTIONS}",
         }
 
     def playbook(self, playbook: str | Path | list[dict[str, Any]] = PLAYBOOK, **kw: Any) -> AnsibleRun:
         """ansible-playbook against the lab inventory (the real playbook by default)."""
         env = self.env()
         env.update(kw.pop("env", None) or {})
-        return run_playbook(playbook, inventory=self.inventory, env=env, **kw)
+        return run_playbook(playbook, inventory=kw.pop("inventory", self.inventory), env=env, **kw)
+
+    def pct_remote_inventory(self) -> Path:
+        """The lab inventory with ``pct_remote: no_address``: the containers without an address (ct102,
+        ct201) are reached through their node by community.proxmox's proxmox_pct_remote connection and clean
+        themselves, so their host_vars are those of a host of its own: the container's Python, with the
+        dependencies (as an image that has them; making a virtual environment inside the container through
+        pct_remote works too, but costs the lab some 30 s), and their GPUs named. The other hosts' host_vars
+        and the group_vars are the lab inventory's."""
+        assert self.workdir is not None and self.inventory is not None
+        inv = self.workdir / "inventory-pct_remote"
+        if not inv.exists():
+            (inv / "host_vars").mkdir(parents=True)
+            (inv / "group_vars").symlink_to(self.inventory.parent / "group_vars")
+            for host in self.hosts.values():
+                source = self.inventory.parent / "host_vars" / f"{host.name}.yml"
+                if host.kind == "node" or host.reach == "ssh":
+                    (inv / "host_vars" / source.name).symlink_to(source)
+                    continue
+                (inv / "host_vars" / source.name).write_text(
+                    "\n".join(
+                        [
+                            "---",
+                            f"# {host.name}: LXC container {host.vmid}, through its node with proxmox_pct_remote; cleans itself.",
+                            f"ansible_python_interpreter: {host.python}",
+                            f"clean_slate_device_dir: {host.gpu_sim.dev_dir}",
+                            "# The simulated NVML shows a container every GPU of its node: name the passed-through ones.",
+                            f"clean_slate_gpus: {host.gpus}",
+                            "",
+                        ]
+                    )
+                )
+            text = self.inventory.read_text()
+            (inv / self.inventory.name).write_text(
+                text + "# Containers without an address: through their node with community.proxmox.proxmox_pct_remote.\npct_remote: no_address\n"
+            )
+        return inv / self.inventory.name
 
     def ansible_inventory(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -925,6 +1053,8 @@ class Lab:
         attempt("ssh connections", self.close_connections)
         if self.sim is not None:
             attempt("API simulator", self.sim.stop)
+        if self.index is not None:
+            attempt("package index", self.index.stop)
         for host in [*self.containers, *self.nodes]:  # containers first: they live inside their nodes
             if host.init is not None:
                 host.init.signal(signal.SIGKILL)

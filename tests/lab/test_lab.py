@@ -1,21 +1,25 @@
 """The real playbook over real SSH against the multi-host lab (see docs/lab.md).
 
 Five GPU hosts from the Proxmox inventory plugin: pve1 and pve2 (hypervisors, 8 simulated
-GPUs each, Python 3.9 targets), ct101 (a container with its own sshd), ct102 and ct201
-(containers without network, cleaned from their hypervisor through pct and container scope).
-Every assertion reads real processes, the simulated driver's memory state or the results
-the modules sent back.
+GPUs each, with this machine's Debian 12 Python and none of the modules' dependencies until the
+role installs them into a virtual environment), ct101 (a container with its own sshd, Python 3.9),
+ct102 and ct201 (containers without network, cleaned from their hypervisor through pct and container
+scope, or, with the inventory's pct_remote, from inside through community.proxmox's
+proxmox_pct_remote connection). Every assertion reads real processes, the simulated driver's memory
+state or the results the modules sent back.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import typing as t
 from pathlib import Path
 
 import pytest
-from lab.builder import ROOT, VENV_PYTHON, Host, Lab
+from lab.builder import ROOT, SYSTEM_PYTHON, WHEELS, Host, Lab
 from support.ansible import AnsibleRun
 
 pytestmark = pytest.mark.lab
@@ -61,6 +65,29 @@ def assert_untouched(lab: Lab, name: str, before: dict[int, int]) -> None:
     host = lab[name]
     assert all(p.alive() for p in host.workload), f"{name}: {[p.name for p in host.workload if not p.alive()]} ended"
     assert lab.used_mib(host) == before, name
+
+
+def reading(run: AnsibleRun, name: str) -> dict[str, t.Any]:
+    """The preflight reading the kill went on: the one after the dependencies were installed, if any."""
+    again = [r for r in run.results if r["host"] == name and r["task"].endswith(" : Take the before picture again") and r["status"] != "skipped"]
+    return again[-1]["result"] if again else run.task("Take the before picture", host=name)["result"]
+
+
+def modules_python(host: Host) -> str:
+    """The interpreter the role runs the modules of ``host`` with."""
+    return str(host.venv / "bin" / "python") if host.venv is not None else host.python
+
+
+def system_python_has(module: str) -> bool:
+    return subprocess.run([SYSTEM_PYTHON, "-c", f"import {module}"], capture_output=True, check=False).returncode == 0
+
+
+def ready(lab: Lab) -> None:
+    """The hypervisors' virtual environments exist (a test run alone may come before the one that made them)."""
+    if any(n.venv is None or not (n.venv / "bin" / "python").exists() for n in lab.nodes):
+        run = lab.playbook(limit=",".join(n.name for n in lab.nodes))
+        assert run.rc == 0, run.output
+        lab.reset()
 
 
 def daemons_alive(lab: Lab) -> dict[str, list[str]]:
@@ -141,6 +168,79 @@ def test_pct_on_the_hypervisor_enters_the_container(fresh: Lab) -> None:
 
 
 # ---------------------------------------------------------------------- the job
+def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_nothing(fresh: Lab) -> None:
+    """pve1 and pve2 start with Debian's EXTERNALLY-MANAGED python3 and none of the modules' dependencies. One
+    run makes a virtual environment on each (pve1 from the controller's package index, pve2 from the wheels the
+    controller ships; the containers cleaned through them use the same one) and cleans every host; the second
+    changes nothing and uses the environments at once. The system Python is never changed. (First of the
+    playbook runs in this file, so that the others find the environments made.)"""
+    lab = fresh
+    assert lab.index is not None
+    for node in lab.nodes:
+        assert node.venv is not None
+        shutil.rmtree(node.venv, ignore_errors=True)
+        Path(f"{node.venv}.lock").unlink(missing_ok=True)
+    assert not any(system_python_has(m) for m in ("pynvml", "psutil", "jmespath")), "the lab's hypervisors must start without them"
+    asked = len(lab.index.requests)
+
+    first = lab.playbook()
+    assert first.rc == 0, first.output
+    assert all(stats(first)[name]["changed"] >= 1 for name in GPU_HOSTS), stats(first)
+    for node in lab.nodes:
+        assert node.venv is not None and node.address is not None
+        sharing = [node.name] + [c.name for c in lab.containers if c.node is node and c.reach == "hypervisor"]
+        for name in sharing:
+            probe = json.loads(first.task("Look for the modules' virtual environment", host=name)["result"]["stdout"])
+            assert (probe["python"], probe["venv"], probe["ensurepip"]) == (SYSTEM_PYTHON, "absent", True), probe
+            before = first.task("Take the before picture", host=name)["result"]
+            assert before["python"]["missing"] == ["nvidia-ml-py", "psutil", "jmespath"], before["python"]
+            assert os.path.realpath(before["python"]["executable"]) == os.path.realpath(SYSTEM_PYTHON)  # Ansible found Debian's
+            again = first.task("Take the before picture again", host=name)["result"]
+            assert again["python"]["executable"] == str(node.venv / "bin" / "python") and again["python"]["missing"] == [], again["python"]
+            assert again["python"]["version"] == before["python"]["version"]
+            pip = first.task("Install the dependencies into the virtual environment", host=name)["result"]
+            assert ("--no-index" in pip["cmd"]) == (name not in ("pve1", "ct102")), pip["cmd"]
+        # They share the node's environment; under its lock one of them made it and installed, the others found it done.
+        made = [n for n in sharing if first.task("Make the modules' virtual environment", host=n)["result"]["changed"]]
+        installed = [n for n in sharing if first.task("Install the dependencies into the virtual environment", host=n)["result"]["changed"]]
+        assert len(made) == 1 and len(installed) == 1, (node.name, made, installed)
+        assert "include-system-site-packages = true" in (node.venv / "pyvenv.cfg").read_text()
+        listed = subprocess.run(
+            [str(node.venv / "bin" / "python"), "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"],
+            env={"PIP_CONFIG_FILE": os.devnull, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        versions = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
+        pins = dict(w.name.split("-")[:2] for w in WHEELS.glob("*.whl"))
+        assert {k.replace("_", "-"): v for k, v in pins.items()}.items() <= versions.items(), versions
+    # pve1 (and ct102 through it) asked the index; pve2 read the copied wheels and asked nobody.
+    asked_by = {client for client, _path in lab.index.requests[asked:]}
+    paths = {path for _client, path in lab.index.requests[asked:]}
+    assert asked_by == {lab["pve1"].address}, lab.index.requests[asked:]
+    assert {"/simple/nvidia-ml-py/", "/simple/psutil/", "/simple/jmespath/"} <= paths, paths
+    pve2_venv = lab["pve2"].venv
+    assert pve2_venv is not None
+    assert sorted(p.name for p in (pve2_venv / "wheels").iterdir()) == sorted(p.name for p in WHEELS.glob("*.whl"))
+    for name in GPU_HOSTS:
+        assert_clean(lab, first, name)
+    assert not any(system_python_has(m) for m in ("pynvml", "psutil", "jmespath")), "the system Python was changed"
+
+    second = lab.playbook()
+    assert second.rc == 0, second.output
+    for name in GPU_HOSTS:
+        host = lab[name]
+        assert stats(second)[name]["changed"] == 0, (name, stats(second)[name])
+        assert stats(second)[name]["failures"] == 0
+        res = result_of(second, name)
+        assert res["ended"] == 0 and res["clean"] is True, res
+        assert run_targets(second, name) == []
+        assert second.task("Take the before picture", host=name)["result"]["python"]["executable"] == modules_python(host)
+        if host.venv is not None:
+            assert second.task("Deal with missing Python dependencies", host=name)["status"] == "skipped"
+
+
 def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
     lab = fresh
     targets = {name: expected_pids(lab[name]) for name in GPU_HOSTS}
@@ -162,10 +262,10 @@ def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
         # The stubborn vLLM worker needed SIGKILL; the others went on SIGTERM.
         stubborn = {p.pid_at(viewer(host).depth) for p in host.workload if p.ignores_term}
         assert {tg["pid"] for tg in kill["targets"] if "KILL" in tg["signals_sent"]} == stubborn
-        python = run.task("Take the before picture", host=name)["result"]["python"]
-        assert python["executable"] == viewer(host).python
-        if viewer(host).python != VENV_PYTHON:
-            assert python["version"].startswith("3.9."), python  # the oldest target Python
+        python = reading(run, name)["python"]
+        assert python["executable"] == modules_python(host) and python["missing"] == [], (name, python)
+        if host.venv is None:
+            assert python["version"].startswith("3.9."), python  # ct101: the oldest target Python
     for node in lab.nodes:
         assert [node.gpu_sim.memory(i)["used_mib"] for i in range(len(node.gpu_sim.gpus))] == [0] * len(node.gpu_sim.gpus)
     assert daemons_alive(lab) == daemons
@@ -195,8 +295,39 @@ def test_container_scope_spares_the_other_container_and_the_node(fresh: Lab) -> 
     assert ["status", "102", "--verbose"] in lab.pct_calls(lab["pve1"])
 
 
+def test_a_container_through_proxmox_pct_remote_is_cleaned_in_its_own_scope(fresh: Lab) -> None:
+    """With the inventory's pct_remote, ct201 (no address) gets community.proxmox's proxmox_pct_remote connection:
+    SSH (paramiko) to pve2, then /usr/sbin/pct exec 201 for every command. auto mode then cleans it like a host
+    of its own (local mode): the modules run inside the container and see only its processes, with the pids
+    of its own PID namespace; pve2, its daemons and the other container's neighbours keep running."""
+    lab = fresh
+    ct201, pve2 = lab["ct201"], lab["pve2"]
+    untouched = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS - {"ct201"}}
+    daemons = all_daemons(lab)
+    calls = len(lab.pct_calls(pve2))
+    inside = {p.pid_at(2) for p in ct201.workload}  # as the container's own PID namespace numbers them
+    run = lab.playbook(inventory=lab.pct_remote_inventory(), limit="ct201")
+    assert run.rc == 0, run.output
+    assert set(stats(run)) == {"ct201"}
+    res = result_of(run, "ct201")
+    assert res["mode"] == "local" and res["label"] == "ct201", res
+    assert_clean(lab, run, "ct201")
+    kill = run.task("End the GPU processes", host="ct201")["result"]
+    assert {tg["pid"] for tg in kill["targets"]} == inside, kill["targets"]
+    assert {tg["pid"] for tg in kill["targets"] if "KILL" in tg["signals_sent"]} == {p.pid_at(2) for p in ct201.workload if p.ignores_term}
+    assert reading(run, "ct201")["python"]["executable"] == ct201.python  # the container's own, not pve2's
+    for name, before in untouched.items():
+        assert_untouched(lab, name, before)
+    assert daemons_alive(lab) == daemons  # ct201's own dcgm-exporter too
+    # Every command went through /usr/sbin/pct exec 201 on pve2: the connection plugin's form, never the role's
+    # hypervisor mode (pct status, pct exec --keep-env 0).
+    through = lab.pct_calls(pve2)[calls:]
+    assert through and all(call[:3] == ["exec", "201", "--"] for call in through), through
+
+
 def test_check_mode_ends_nothing(fresh: Lab) -> None:
     lab = fresh
+    ready(lab)
     before = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS}
     run = lab.playbook(check=True)
     assert run.rc == 0, run.output
@@ -208,21 +339,6 @@ def test_check_mode_ends_nothing(fresh: Lab) -> None:
         assert {tg["pid"] for tg in run_targets(run, name)} == expected_pids(lab[name])
         assert all(tg["signals_sent"] == [] for tg in run_targets(run, name))
         assert_untouched(lab, name, before[name])
-
-
-def test_second_run_reports_no_changes(fresh: Lab) -> None:
-    lab = fresh
-    first = lab.playbook()
-    assert first.rc == 0, first.output
-    assert all(stats(first)[name]["changed"] >= 1 for name in GPU_HOSTS), stats(first)
-    second = lab.playbook()
-    assert second.rc == 0, second.output
-    for name in GPU_HOSTS:
-        assert stats(second)[name]["changed"] == 0, (name, stats(second)[name])
-        assert stats(second)[name]["failures"] == 0
-        res = result_of(second, name)
-        assert res["ended"] == 0 and res["clean"] is True, res
-        assert run_targets(second, name) == []
 
 
 # ---------------------------------------------------------------------- failures stay per host
@@ -279,7 +395,7 @@ def test_mixed_run_one_green_one_unreadable_one_unreachable(fresh: Lab, tmp_path
     assert "End the GPU processes" not in {r["task"].split(" : ")[-1] for r in run.results if r["host"] != "pve1" and r["status"] != "skipped"}
     for name, before in untouched.items():
         assert_untouched(lab, name, before)
-    # Metrics written over SSH by the Python 3.9 targets; none for the host nobody reached.
+    # Metrics written over SSH by the hypervisors; none for the host nobody reached.
     assert sorted(p.name for p in metrics.iterdir()) == ["clean_slate_pve1.prom", "clean_slate_pve2.prom"]
     text = (metrics / "clean_slate_pve1.prom").read_text()
     assert 'clean_slate_last_run_success{host="pve1"} 1' in text and 'clean_slate_last_run_processes_ended{host="pve1"} ' in text
