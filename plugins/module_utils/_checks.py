@@ -4,7 +4,7 @@
 
 # Note: this module_util is PRIVATE to the collection; it may change without notice.
 
-"""Option checks the modules share, and the module class that gives every failure a ``reason``.
+"""Option checks the modules share; each refusal is ``bad_arguments`` and names the option.
 
 Ansible's ``float`` type accepts ``nan`` and ``inf``, and its ``int`` type any
 size; a deadline built from them hangs a poll loop, busy-loops or overflows
@@ -19,14 +19,14 @@ import math
 import os
 import typing as t
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 #: The longest wait any option may ask for: one day, in seconds.
 MAX_SECONDS = 86400
-#: Reason for a module refused before it did anything (also Ansible's own argument checks).
-BAD_ARGUMENTS = "bad_arguments"
+#: Proxmox VE's range of guest ids (PVE::JSONSchema, pve-vmid).
+VMID_MIN = 100
+VMID_MAX = 999_999_999
 
 
 def number(name: str, value: t.Any, low: float, high: float, low_open: bool = False, unit: str = "") -> None:
@@ -36,9 +36,9 @@ def number(name: str, value: t.Any, low: float, high: float, low_open: bool = Fa
     suffix = f" {unit}" if unit else ""
     span = f"more than {_fmt(low)} and at most {_fmt(high)}{suffix}" if low_open else f"from {_fmt(low)} to {_fmt(high)}{suffix}"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CleanSlateError(f"{name} must be a finite number {span}, got {value!r}.", reason=BAD_ARGUMENTS, option=name)
+        raise CleanSlateError(f"{name} must be a finite number {span}, got {value!r}.", reason=_reasons.BAD_ARGUMENTS, option=name)
     if value < low or (low_open and value <= low) or value > high:
-        raise CleanSlateError(f"{name} must be {span}, got {_fmt(value)}.", reason=BAD_ARGUMENTS, option=name)
+        raise CleanSlateError(f"{name} must be {span}, got {_fmt(value)}.", reason=_reasons.BAD_ARGUMENTS, option=name)
 
 
 def _fmt(value: float) -> str:
@@ -49,10 +49,12 @@ def existing_dir(name: str, path: str) -> None:
     """Refuse a directory option that names nothing, or something that is not a directory."""
     if not os.path.exists(path):
         raise CleanSlateError(
-            f"{name}: {path} does not exist on this host; give the directory that holds the nvidia* device files.", reason=BAD_ARGUMENTS, option=name
+            f"{name}: {path} does not exist on this host; give the directory that holds the nvidia* device files.", reason=_reasons.BAD_ARGUMENTS, option=name
         )
     if not os.path.isdir(path):
-        raise CleanSlateError(f"{name}: {path} is not a directory; give the directory that holds the nvidia* device files.", reason=BAD_ARGUMENTS, option=name)
+        raise CleanSlateError(
+            f"{name}: {path} is not a directory; give the directory that holds the nvidia* device files.", reason=_reasons.BAD_ARGUMENTS, option=name
+        )
 
 
 def executable(name: str, path: str | None) -> None:
@@ -61,30 +63,23 @@ def executable(name: str, path: str | None) -> None:
         return
     if not os.path.exists(path):
         raise CleanSlateError(
-            f"{name}: {path} does not exist on this host; give the path of the program, or leave {name} unset to look it up.", reason=BAD_ARGUMENTS, option=name
+            f"{name}: {path} does not exist on this host; give the path of the program, or leave {name} unset to look it up.",
+            reason=_reasons.BAD_ARGUMENTS,
+            option=name,
         )
     if os.path.isdir(path) or not os.access(path, os.X_OK):
-        raise CleanSlateError(f"{name}: {path} is not an executable file.", reason=BAD_ARGUMENTS, option=name)
+        raise CleanSlateError(f"{name}: {path} is not an executable file.", reason=_reasons.BAD_ARGUMENTS, option=name)
 
 
-class Module(AnsibleModule):
-    """AnsibleModule whose every failure carries a machine-readable ``reason``.
+def vmid(name: str, value: t.Any) -> int:
+    """Refuse anything but a Proxmox VE guest id (an integer from 100 to 999999999); returns it.
 
-    Failures raised by Ansible itself while it checks the arguments (a wrong
-    type, a missing or conflicting option) happen inside ``__init__``, before
-    the module's own code runs; they are argument errors. Any other failure
-    that forgot its reason is an internal error.
+    ``name`` is how the operator gave it: ``vmid``, or ``containers`` for an element of that list.
     """
-
-    _clean_slate_ready = False
-
-    def fail_json(self, msg: str, **kwargs: t.Any) -> t.NoReturn:
-        kwargs.setdefault("reason", "internal_error" if self._clean_slate_ready else BAD_ARGUMENTS)
-        super().fail_json(msg, **kwargs)
-        # fail_json exits; ansible-core ships no type information that would tell mypy so.
-        raise SystemExit(1)
-
-    def ready(self) -> Module:
-        """Mark the arguments as checked by Ansible; returns the module."""
-        self._clean_slate_ready = True
-        return self
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CleanSlateError(
+            f"{name}: {value!r} is not a valid Proxmox vmid (an integer from {VMID_MIN} to {VMID_MAX}).", reason=_reasons.BAD_ARGUMENTS, option=name
+        )
+    if not VMID_MIN <= value <= VMID_MAX:
+        raise CleanSlateError(f"{name}: {value} is not a valid Proxmox vmid ({VMID_MIN}-{VMID_MAX}).", reason=_reasons.BAD_ARGUMENTS, option=name, vmid=value)
+    return value

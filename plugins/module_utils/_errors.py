@@ -6,9 +6,12 @@
 
 """The collection's error type.
 
-Helpers raise :class:`CleanSlateError` with a sentence an operator can act on
-and structured details; each module converts it exactly once, in ``main()``,
-into ``fail_json(msg=..., **details)``. No traceback reaches the operator.
+Helpers raise :class:`CleanSlateError` with a sentence an operator can act on,
+a ``reason`` (one of :mod:`._reasons`) and structured details; every module
+converts it exactly once, in the ending all of them share
+(:func:`._module.finish`), into ``fail_json(msg=..., reason=..., **details)``:
+the failure shape :mod:`._reasons` documents. No traceback reaches the
+operator, except in ``exception`` when Ansible is asked for tracebacks.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ import typing as t
 
 
 class CleanSlateError(Exception):
-    """An error with an actionable message and structured details for the result."""
+    """An error with an actionable message, a reason and structured details for the result.
 
-    def __init__(self, msg: str, reason: str = "error", **details: t.Any) -> None:
+    The reason has no default: every failure says which one it is.
+    """
+
+    def __init__(self, msg: str, reason: str, **details: t.Any) -> None:
         super().__init__(msg)
         self.msg = msg
         self.reason = reason
         self.details = details
 
     def result(self) -> dict[str, t.Any]:
-        """Keyword arguments for ``fail_json``."""
-        return {"msg": self.msg, "reason": self.reason, **self.details}
+        """Keyword arguments for ``fail_json``: the details, then ``msg`` and ``reason``, which they cannot override."""
+        return {**self.details, "msg": self.msg, "reason": self.reason}

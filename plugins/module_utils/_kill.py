@@ -17,22 +17,26 @@ there then is reported, never passed over.
 
 Every victim is recorded before it is signalled, so whatever fails later, the
 caller can still report every signal sent (:attr:`Kill.ended`).
+
+It is also the gpu_procs_kill module's logic (:class:`ModuleRun`): its
+options, the request, the rounds, the result; the container lookup (pct) is
+handed in, so that this file does not depend on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import time
+import traceback
 import typing as t
 from dataclasses import dataclass
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _signals
+from ansible.module_utils.basic import missing_required_lib
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _procs, _reasons, _scope, _signals
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._procs import Candidate, Plan
-
-# Reasons gpu_procs_kill fails with (besides bad_arguments, missing_library, internal_error and NVML's diagnoses).
-NO_DISCOVERY_SOURCE = "no_discovery_source"
-UNKILLABLE = "unkillable"
-HOLDERS_REMAIN = "holders_remain"
 
 
 @dataclass
@@ -159,15 +163,14 @@ def validate(p: t.Mapping[str, t.Any]) -> None:
     for name in ("grace_period", "kill_timeout", "deadline"):
         _checks.number(name, p[name], 0, _checks.MAX_SECONDS, unit="seconds")
     for vmid in p["containers"]:
-        if not 100 <= vmid <= 999999999:
-            raise CleanSlateError(f"containers: {vmid} is not a valid Proxmox vmid (100-999999999).", reason=_checks.BAD_ARGUMENTS)
+        _checks.vmid("containers", vmid)
     _checks.existing_dir("device_dir", p["device_dir"])
     _checks.executable("pct_path", p["pct_path"])
     if not p["discovery"] and not p["patterns"]:
         raise CleanSlateError(
             "discovery is empty and no patterns are given, so nothing could ever be found; leave discovery at its default"
             " (nvml, device_files) or give patterns.",
-            reason=_checks.BAD_ARGUMENTS,
+            reason=_reasons.BAD_ARGUMENTS,
         )
 
 
@@ -200,7 +203,7 @@ def sources(p: t.Mapping[str, t.Any], facts: _nvml.GpuFacts, patterns: list[t.An
             f"No GPU discovery source is available ({why}), so only names could select processes, and a name alone cannot tell"
             " a GPU job from any other process that matches it. Fix the driver (gpu_mem_verify names the problem) or device_dir;"
             " or, to end what patterns match anyway, set allow_name_only: true (clean_slate_allow_name_only in the role) and give patterns.",
-            reason=NO_DISCOVERY_SOURCE,
+            reason=_reasons.NO_DISCOVERY_SOURCE,
         )
     warnings.append(f"No GPU discovery source ({why}): processes are ended by name only (patterns), as allow_name_only allows.")
     return False
@@ -288,7 +291,7 @@ def outcome(
             f"{len(stuck)} process(es) survived SIGKILL after {kill_timeout} s: {detail}. They are stuck in the kernel"
             " (often the NVIDIA driver); only a GPU reset or a reboot frees them."
         )
-        return result, UNKILLABLE, warnings
+        return result, _reasons.UNKILLABLE, warnings
     if kill.remaining:
         result["remaining"] = [c.record() for c in kill.remaining]
         names = ", ".join(f"PID {c.pid} ({c.facts.comm})" for c in kill.remaining[:10]) + (" ..." if len(kill.remaining) > 10 else "")
@@ -298,5 +301,127 @@ def outcome(
             " or a launcher that is protected or not among the targets): stop it first (for example systemctl stop <service>, or the"
             " role's clean_slate_pre_stop_commands), then run again; or raise deadline."
         )
-        return result, HOLDERS_REMAIN, warnings
+        return result, _reasons.HOLDERS_REMAIN, warnings
     return result, None, warnings
+
+
+# ---------------------------------------------------------------------- the gpu_procs_kill module
+def compile_where(text: str | None) -> t.Any:
+    """The ``where`` option as a compiled JMESPath expression (None when unset)."""
+    if not text:
+        return None
+    # Imported only when needed: every module run pays for its imports.
+    try:
+        import jmespath
+    except ImportError:
+        raise CleanSlateError(missing_required_lib("jmespath"), reason=_reasons.MISSING_LIBRARY, exception=traceback.format_exc()) from None
+    try:
+        return jmespath.compile(text)
+    except jmespath.exceptions.JMESPathError as exc:
+        raise CleanSlateError(f"where: {text!r} is not a valid JMESPath expression: {exc}", reason=_reasons.BAD_ARGUMENTS, option="where") from None
+
+
+def build_request(
+    p: t.Mapping[str, t.Any], scopes_of: t.Callable[[], list[_scope.Scope]], notes: list[str], warnings: list[str]
+) -> tuple[_procs.Request, t.Callable[[], _procs.Request]]:
+    """Validate every option and gather NVML facts; raises before anything is signalled.
+
+    ``scopes_of`` resolves the ``containers`` option (pct is run only once the rest is known good).
+    Returns the request and a function giving it again with NVML's process lists re-read, for later rounds.
+    """
+    validate(p)
+    selectors = _nvml.parse_gpu_selectors(p["gpus"])
+    patterns = _procs.compile_patterns(p["patterns"])
+    users = _procs.resolve_users(p["users"])
+    protect = _procs.protect_list(p["protect"], p["unprotect"])
+    where = compile_where(p["where"])
+    use_nvml = "nvml" in p["discovery"]
+    facts = _nvml.gpus_and_processes(selectors, use_nvml, p["device_dir"], notes)
+    files_ok = sources(p, facts, patterns, warnings)
+    request = _procs.Request(
+        gpus=facts.selected,
+        all_gpus=not selectors,
+        nvml_processes=facts.processes,
+        every_gpu=facts.every,
+        use_nvml=use_nvml,
+        use_device_files=files_ok,
+        patterns=patterns,
+        users=users,
+        include_children=p["include_children"],
+        process_group=p["process_group"],
+        scopes=scopes_of(),
+        device_dir=p["device_dir"],
+        protect=protect,
+        kill_management_clients=p["kill_management_clients"],
+        where=where,
+    )
+
+    def fresh() -> _procs.Request:
+        if not use_nvml or facts.nvml_problem:
+            return request
+        again = _nvml.gpus_and_processes(selectors, True, p["device_dir"], [])
+        return dataclasses.replace(request, nvml_processes=again.processes)
+
+    return request, fresh
+
+
+class ModuleRun:
+    """One run of the gpu_procs_kill module; :attr:`kill` stays readable when it fails, for the failure's details.
+
+    :param scopes_of: resolves the ``containers`` option (through pct, which this file does not need to know).
+    """
+
+    def __init__(self, scopes_of: t.Callable[[], list[_scope.Scope]]) -> None:
+        self.scopes_of = scopes_of
+        self.kill: Kill | None = None
+
+    def details(self, _reason: str) -> dict[str, t.Any]:
+        """What every failure lists: every signal sent so far (none before the first), and what was protected."""
+        if self.kill is None:
+            return {"targets": [], "protected": []}
+        return {"targets": self.kill.targets(), "protected": self.kill.protected}
+
+    def __call__(self, module: t.Any) -> dict[str, t.Any]:
+        """Discover, end, report; raises :class:`CleanSlateError` for every failure, after signals too."""
+        start = time.monotonic()
+        started = datetime.datetime.now()
+        p = module.params
+        notes: list[str] = []
+        warnings: list[str] = []
+        request, fresh = build_request(p, self.scopes_of, notes, warnings)
+        deadline = p["deadline"] if p["deadline"] is not None else min(_checks.MAX_SECONDS, 2 * (p["grace_period"] + p["kill_timeout"]))
+        discoveries = [0]
+
+        def discover() -> Plan:
+            discoveries[0] += 1
+            return _procs.discover(request if discoveries[0] == 1 else fresh())
+
+        kill = self.kill = Kill(discover, first=p["signal"], grace_period=p["grace_period"], kill_timeout=p["kill_timeout"], deadline=deadline)
+        try:
+            if module.check_mode:
+                ended = [Ended(c, _signals.Victim(pid=c.pid, identity=c.identity), 0) for c in kill.discover().targets]
+            else:
+                kill.run()
+                ended = kill.ended
+        except CleanSlateError:
+            raise
+        except Exception as exc:
+            if not kill.ended:
+                raise
+            sent = sum(len(e.victim.signals_sent) for e in kill.ended)
+            raise CleanSlateError(
+                f"gpu_procs_kill failed unexpectedly after it had sent {sent} signal(s) to {len(kill.ended)} process(es): {exc}. targets lists every"
+                " signal sent; run the task again to finish, and report this bug.",
+                reason=_reasons.INTERNAL_ERROR,
+                exception=traceback.format_exc(),
+            ) from None
+        notes.extend(n for n in kill.notes if n not in notes)
+        diff = module._diff  # pylint: disable=protected-access
+        result, reason, warnings = outcome(kill, ended, module.check_mode, p["kill_timeout"], time.monotonic() - start, notes, warnings, diff)
+        result.update(start=str(started), end=str(datetime.datetime.now()))
+        for warning in warnings:
+            module.warn(warning)
+        if reason:
+            details = {k: v for k, v in result.items() if k != "msg"}
+            raise CleanSlateError(result["msg"], reason=reason, **details)
+        return result

@@ -27,6 +27,7 @@ import traceback
 import typing as t
 from dataclasses import dataclass, field
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 try:
@@ -74,36 +75,37 @@ NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 # Codes that mean "this entry point or struct version is not here": try an older one.
 _FALLBACK_CODES = (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_NOT_SUPPORTED)
 
-_REASONS: dict[int, tuple[str, str]] = {
+# What each failure means, and what to do: the reason and the advice an NvmlError carries.
+_BY_CODE: dict[int, tuple[str, str]] = {
     NVML_ERROR_LIBRARY_NOT_FOUND: (
-        "library_not_found",
+        _reasons.LIBRARY_NOT_FOUND,
         "libnvidia-ml.so.1 was not found: the NVIDIA driver is not installed on this host, or its library is not on the"
         " loader path. Install the driver (in an LXC guest: the userspace driver matching the host's kernel module).",
     ),
     NVML_ERROR_DRIVER_NOT_LOADED: (
-        "driver_not_loaded",
+        _reasons.DRIVER_NOT_LOADED,
         "the NVIDIA kernel driver is not loaded (NVML_ERROR_DRIVER_NOT_LOADED). Load it (modprobe nvidia) or reboot;"
         " in an LXC guest, check that the host's /dev/nvidia* devices are passed through.",
     ),
     NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
-        "driver_library_mismatch",
+        _reasons.DRIVER_LIBRARY_MISMATCH,
         "the NVML library and the loaded kernel driver have different versions (NVML_ERROR_LIB_RM_VERSION_MISMATCH),"
         " usually after a driver upgrade without a reboot. GPU memory cannot be verified until they match: reboot, or"
         " stop every /dev/nvidia* user and reload the module. In an LXC guest, install the userspace driver that"
         " matches the host's kernel module.",
     ),
     NVML_ERROR_GPU_IS_LOST: (
-        "gpu_lost",
+        _reasons.GPU_LOST,
         "the GPU has fallen off the bus or is otherwise inaccessible (NVML_ERROR_GPU_IS_LOST, often Xid 79)."
         " Killing processes cannot fix this: drain the node and reboot or power-cycle it.",
     ),
     NVML_ERROR_NO_PERMISSION: (
-        "no_permission",
+        _reasons.NO_PERMISSION,
         "NVML refused the query (NVML_ERROR_NO_PERMISSION). Run the task with become: true.",
     ),
-    NVML_ERROR_NOT_SUPPORTED: ("not_supported", "the driver does not support this query on this GPU (NVML_ERROR_NOT_SUPPORTED)."),
-    NVML_ERROR_TIMEOUT: ("timeout", "the driver timed out answering (NVML_ERROR_TIMEOUT); the GPU may be hung or busy resetting."),
-    NVML_ERROR_RESET_REQUIRED: ("needs_reset", "the GPU requires a reset (NVML_ERROR_RESET_REQUIRED)."),
+    NVML_ERROR_NOT_SUPPORTED: (_reasons.NOT_SUPPORTED, "the driver does not support this query on this GPU (NVML_ERROR_NOT_SUPPORTED)."),
+    NVML_ERROR_TIMEOUT: (_reasons.TIMEOUT, "the driver timed out answering (NVML_ERROR_TIMEOUT); the GPU may be hung or busy resetting."),
+    NVML_ERROR_RESET_REQUIRED: (_reasons.NEEDS_RESET, "the GPU requires a reset (NVML_ERROR_RESET_REQUIRED)."),
 }
 
 
@@ -111,7 +113,7 @@ class NvmlError(CleanSlateError):
     """An NVML failure with a diagnosis (``reason``) and advice in ``msg``."""
 
     def __init__(self, code: int, call: str = "", gpu: int | None = None) -> None:
-        reason, advice = _REASONS.get(code, ("nvml_error", f"NVML call failed with code {code} ({error_string(code)})."))
+        reason, advice = _BY_CODE.get(code, (_reasons.NVML_ERROR, f"NVML call failed with code {code} ({error_string(code)})."))
         where = f" (GPU {gpu})" if gpu is not None else ""
         prefix = f"{call}{where}: " if call else ""
         super().__init__(f"{prefix}{advice}", reason=reason, nvml_code=code)
@@ -223,13 +225,13 @@ class NvmlSession:
             raise CleanSlateError(
                 "nvidia-ml-py (import name pynvml) is not installed for the Python that runs this module;"
                 " install it on the target (pip install nvidia-ml-py) or set clean_slate_install_dependencies.",
-                reason="missing_library",
+                reason=_reasons.MISSING_LIBRARY,
             )
         if not hasattr(pynvml, "nvmlDeviceGetMemoryInfo") or not hasattr(pynvml, "_nvmlGetFunctionPointer"):
             raise CleanSlateError(
                 "the installed 'pynvml' module is not NVIDIA's nvidia-ml-py (a different package shadows it);"
                 " pip uninstall pynvml && pip install nvidia-ml-py.",
-                reason="missing_library",
+                reason=_reasons.MISSING_LIBRARY,
             )
         try:
             pynvml.nvmlInit()
@@ -401,12 +403,15 @@ def parse_gpu_selectors(values: t.Sequence[t.Any] | None, option: str = "gpus") 
         elif UUID_RE.match(text) or DEVICE_RE.match(text):
             selectors.append(text)
         elif re.fullmatch(r"-\d+", text):
-            raise CleanSlateError(f"{option}: GPU index {text} is negative; use indices from 0 (nvidia-smi -L lists them).", reason="bad_arguments")
+            raise CleanSlateError(
+                f"{option}: GPU index {text} is negative; use indices from 0 (nvidia-smi -L lists them).", reason=_reasons.BAD_ARGUMENTS, option=option
+            )
         else:
             raise CleanSlateError(
                 f"{option}: {text!r} is neither a GPU index, a GPU UUID nor a device path; use an index such as 0, a UUID of the"
                 " form GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (nvidia-smi -L lists both) or a path such as /dev/nvidia0.",
-                reason="bad_arguments",
+                reason=_reasons.BAD_ARGUMENTS,
+                option=option,
             )
     return selectors
 
@@ -424,16 +429,24 @@ def select_gpus(gpus: list[Gpu], selectors: list[int | str], option: str = "gpus
         if device:
             gpu = by_minor.get(int(device.group(1)))
             if gpu is None:
-                raise CleanSlateError(f"{option}: no GPU on this host has the device file {sel} (minor {device.group(1)}).", reason="bad_arguments")
+                raise CleanSlateError(
+                    f"{option}: no GPU on this host has the device file {sel} (minor {device.group(1)}).", reason=_reasons.BAD_ARGUMENTS, option=option
+                )
         elif isinstance(sel, int):
             gpu = by_index.get(sel)
             if gpu is None:
                 span = f"0-{len(gpus) - 1}" if gpus else "none"
-                raise CleanSlateError(f"{option}: GPU index {sel} does not exist; this host has {len(gpus)} GPU(s) (indices {span}).", reason="bad_arguments")
+                raise CleanSlateError(
+                    f"{option}: GPU index {sel} does not exist; this host has {len(gpus)} GPU(s) (indices {span}).",
+                    reason=_reasons.BAD_ARGUMENTS,
+                    option=option,
+                )
         else:
             gpu = by_uuid.get(sel.lower())
             if gpu is None:
-                raise CleanSlateError(f"{option}: no GPU on this host has UUID {sel}; nvidia-smi -L lists the UUIDs.", reason="bad_arguments")
+                raise CleanSlateError(
+                    f"{option}: no GPU on this host has UUID {sel}; nvidia-smi -L lists the UUIDs.", reason=_reasons.BAD_ARGUMENTS, option=option
+                )
         chosen[gpu.index] = gpu
     return [chosen[i] for i in sorted(chosen)]
 
@@ -500,8 +513,8 @@ def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_
                             notes.append(f"GPU {gpu.index}: NVML process list unavailable ({exc.msg}); using device files.")
             return GpuFacts(every, gpus, processes)
     except CleanSlateError as exc:
-        if selectors or exc.reason == "bad_arguments":
-            if exc.reason == "bad_arguments":
+        if selectors or exc.reason == _reasons.BAD_ARGUMENTS:
+            if exc.reason == _reasons.BAD_ARGUMENTS:
                 raise
             raise CleanSlateError(f"gpus: selecting GPUs needs NVML, which failed: {exc.msg}", reason=exc.reason) from None
         notes.append(f"NVML unavailable ({exc.msg}); processes are found through device files and patterns only, and GPU indices are device minors.")

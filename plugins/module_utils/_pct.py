@@ -4,10 +4,12 @@
 
 # Note: this module_util is PRIVATE to the collection; it may change without notice.
 
-"""Run a command inside a Proxmox VE LXC container with ``pct exec``.
+"""Proxmox VE's containers through ``pct``: run a command inside one (``pct exec``),
+and find a container's init for the modules' ``containers`` scope.
 
 The logic of the ``pct_exec`` module, kept free of ``AnsibleModule`` so it can
-be unit-tested with a fake ``run_command``:
+be unit-tested with a fake ``run_command`` (:data:`RunCommand`, the one shape
+every command of the collection is run through):
 
 * the command line is always a list handed to ``run_command`` (no host shell
   ever parses user input); pct's options come before ``--`` and the user's
@@ -17,7 +19,10 @@ be unit-tested with a fake ``run_command``:
   (which all exit 255, like a command that exits 255) are recognised by their
   exact messages instead of by the exit code;
 * the timeout is enforced inside the container with coreutils ``timeout``,
-  so a hung command is killed where it runs, not just abandoned on the host.
+  so a hung command is killed where it runs, not just abandoned on the host;
+* a container named in ``containers`` (gpu_procs_kill, gpu_job_residue) is
+  resolved here to its init and PID namespace (:func:`scopes`); which
+  processes then belong to it is :mod:`._scope`'s pure judgement.
 """
 
 from __future__ import annotations
@@ -28,13 +33,9 @@ import socket
 import time
 import typing as t
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _proctable, _reasons
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
-
-VMID_MIN = 100
-VMID_MAX = 999_999_999
-
-#: ``reason`` values the module reports on failure.
-REASONS = ("not_running", "no_such_container", "bad_arguments", "timeout", "command_failed", "pct_failed")
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._scope import Scope
 
 #: Exit codes of ``timeout``: 124 after SIGTERM, 128+9 after the SIGKILL of
 #: ``-k``, 128+15 for busybox's timeout, which passes the child's status on.
@@ -54,17 +55,25 @@ _NOT_RUNNING = re.compile(r"^(?:Error: )?container '(?P<vmid>\d+)' not running!$
 _BAD_ARGS = re.compile(r"^400 (?P<msg>.+)$", re.MULTILINE)
 _USAGE = re.compile(r"^pct \S+ .*$", re.MULTILINE)
 
-# run_command(argv, data, binary_data) -> (rc, stdout, stderr), as AnsibleModule.run_command.
+#: ``run_command(argv, data, binary_data) -> (rc, stdout, stderr)``, as AnsibleModule.run_command; the one
+#: shape every command of the collection is run through.
 RunCommand = t.Callable[[t.List[str], t.Optional[str], bool], t.Tuple[int, str, str]]
 
 
+class Host(t.Protocol):
+    """What the helpers below need of an AnsibleModule."""
+
+    params: dict[str, t.Any]
+    check_mode: bool
+
+    def get_bin_path(self, arg: str, required: bool = False, opt_dirs: list[str] | None = None) -> str | None: ...
+
+    def run_command(self, args: t.Any, **kwargs: t.Any) -> tuple[int, str, str]: ...
+
+
 def validate_vmid(vmid: t.Any) -> int:
-    """Return ``vmid`` as an int in PVE's range 100-999999999, or raise ``bad_arguments``."""
-    if isinstance(vmid, bool) or not isinstance(vmid, int):
-        raise CleanSlateError(f"vmid must be an integer, got {vmid!r}", reason="bad_arguments")
-    if not VMID_MIN <= vmid <= VMID_MAX:
-        raise CleanSlateError(f"vmid {vmid} is outside Proxmox VE's range {VMID_MIN}-{VMID_MAX}", reason="bad_arguments", vmid=vmid)
-    return vmid
+    """Return ``vmid`` as an int in PVE's range, or raise ``bad_arguments`` (see :func:`._checks.vmid`)."""
+    return _checks.vmid("vmid", vmid)
 
 
 def env_assignments(env: t.Mapping[str, t.Any] | None) -> list[str]:
@@ -72,8 +81,18 @@ def env_assignments(env: t.Mapping[str, t.Any] | None) -> list[str]:
     out: list[str] = []
     for name, value in sorted((env or {}).items()):
         if not _ENV_NAME.match(str(name)):
-            raise CleanSlateError(f"invalid environment variable name {name!r} (letters, digits and _ only)", reason="bad_arguments")
+            raise CleanSlateError(f"env: invalid environment variable name {name!r} (letters, digits and _ only)", reason=_reasons.BAD_ARGUMENTS, option="env")
         out.append(f"{name}={'' if value is None else value}")
+    return out
+
+
+def key_values(text: str) -> dict[str, str]:
+    """``key: value`` lines (``pct status --verbose``, ``lxc-info``) as a dict with lower-case keys."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip().lower()] = value.strip()
     return out
 
 
@@ -101,19 +120,19 @@ def classify_pct_error(stderr: str, vmid: int) -> tuple[str, str, str | None] | 
     if m:
         node = m.group("node")
         return (
-            "no_such_container",
+            _reasons.NO_SUCH_CONTAINER,
             f"container {vmid} does not exist on node {node}: pct only sees the containers whose configuration is on the node it runs on; "
             'if the container lives on another cluster node, run the task there (for example delegate_to: "{{ proxmox_node_host }}")',
             node,
         )
     if _NOT_RUNNING.match(text):
-        return "not_running", f"container {vmid} is not running", None
+        return _reasons.NOT_RUNNING, f"container {vmid} is not running", None
     m = _BAD_ARGS.search(text)
     if m and _USAGE.search(text):
         msg = f"pct rejected the arguments: {m.group('msg')}"
         if "Unknown option: keep-env" in text:
             msg += " (this pct has no --keep-env, which came with Proxmox VE 8.2; upgrade the node)"
-        return "bad_arguments", f"{msg}\n{text}", None
+        return _reasons.BAD_ARGUMENTS, f"{msg}\n{text}", None
     return None
 
 
@@ -163,24 +182,24 @@ class PctExec:
         """
         vmid = validate_vmid(vmid)
         if not argv or not argv[0]:
-            raise CleanSlateError("the command is empty", reason="bad_arguments", vmid=vmid)
+            raise CleanSlateError("the command is empty", reason=_reasons.BAD_ARGUMENTS, vmid=vmid)
         inner: list[str] = []
         if timeout is not None:
             if timeout <= 0:
-                raise CleanSlateError(f"timeout must be a positive number of seconds, got {timeout}", reason="bad_arguments", vmid=vmid)
+                raise CleanSlateError(f"timeout must be a positive number of seconds, got {timeout}", reason=_reasons.BAD_ARGUMENTS, vmid=vmid)
             if kill_after < 0:
-                raise CleanSlateError(f"kill_after must be 0 or more seconds, got {kill_after}", reason="bad_arguments", vmid=vmid)
+                raise CleanSlateError(f"kill_after must be 0 or more seconds, got {kill_after}", reason=_reasons.BAD_ARGUMENTS, vmid=vmid)
             # -k is coreutils' --kill-after in its short form, which busybox's timeout also knows.
             inner += ["timeout", "-k", str(kill_after), str(timeout)]
         assignments = env_assignments(env)
         if assignments:
             if "=" in argv[0] and chdir is None:
                 # env(1) would take such a word for one more assignment, not for the command.
-                raise CleanSlateError(f"a command named {argv[0]!r} cannot be combined with env", reason="bad_arguments", vmid=vmid)
+                raise CleanSlateError(f"a command named {argv[0]!r} cannot be combined with env", reason=_reasons.BAD_ARGUMENTS, vmid=vmid)
             inner += ["env", *assignments]
         if chdir is not None:
             if not chdir:
-                raise CleanSlateError("chdir is empty", reason="bad_arguments", vmid=vmid)
+                raise CleanSlateError("chdir is empty", reason=_reasons.BAD_ARGUMENTS, vmid=vmid)
             inner += ["/bin/sh", "-c", CHDIR_SCRIPT, "pct_exec", chdir]
         return [*self.sudo, self.pct, "exec", str(vmid), "--keep-env", "1" if keep_env else "0", "--", *inner, *argv]
 
@@ -210,16 +229,14 @@ class PctExec:
             if err.lstrip().startswith("sudo:"):
                 hint = " (pct needs root: give this user passwordless sudo for pct, or connect as root)"
             raise self._fail(
-                "pct_failed", f"pct status {vmid} failed with rc {rc}{hint}: {err.strip() or out.strip()}", vmid, rc=rc, stdout=out, stderr=err, cmd=argv
+                _reasons.PCT_FAILED, f"pct status {vmid} failed with rc {rc}{hint}: {err.strip() or out.strip()}", vmid, rc=rc, stdout=out, stderr=err, cmd=argv
             )
         m = _STATUS_LINE.search(out)
         if not m:
-            raise self._fail("pct_failed", f"cannot read the state of container {vmid} from pct status: {out.strip()!r}", vmid, rc=rc, stdout=out, stderr=err)
-        info = {}
-        for line in out.splitlines():
-            key, sep, value = line.partition(":")
-            if sep:
-                info[key.strip().lower()] = value.strip()
+            raise self._fail(
+                _reasons.PCT_FAILED, f"cannot read the state of container {vmid} from pct status: {out.strip()!r}", vmid, rc=rc, stdout=out, stderr=err
+            )
+        info = key_values(out)
         info["status"] = m.group(1)
         return info
 
@@ -232,29 +249,31 @@ class PctExec:
         known = classify_pct_error(err, vmid) if rc == 255 else None
         if known:
             raise self._fail(known[0], known[1], vmid, rc=rc, stdout=out, stderr=err, cmd=argv)
-        raise self._fail("pct_failed", f"cannot test {path!r} in container {vmid} (rc {rc}): {err.strip()}", vmid, rc=rc, stdout=out, stderr=err, cmd=argv)
+        raise self._fail(
+            _reasons.PCT_FAILED, f"cannot test {path!r} in container {vmid} (rc {rc}): {err.strip()}", vmid, rc=rc, stdout=out, stderr=err, cmd=argv
+        )
 
     def run(
         self,
         vmid: int,
         argv: list[str],
-        keep_env: bool = False,
-        timeout: int | None = None,
-        kill_after: int = 5,
-        env: t.Mapping[str, t.Any] | None = None,
-        chdir: str | None = None,
         stdin: str | None = None,
         stdin_add_newline: bool = True,
         creates: str | None = None,
         removes: str | None = None,
         check_mode: bool = False,
+        **exec_options: t.Any,
     ) -> dict[str, t.Any]:
-        """Check the container, then run the command; a dict for ``exit_json`` or a raised :class:`CleanSlateError`."""
+        """Check the container, then run the command; a dict for ``exit_json`` or a raised :class:`CleanSlateError`.
+
+        ``exec_options`` are :meth:`exec_argv`'s (``keep_env``, ``timeout``, ``kill_after``, ``env``, ``chdir``).
+        """
         vmid = validate_vmid(vmid)
-        cmd = self.exec_argv(vmid, argv, keep_env=keep_env, timeout=timeout, kill_after=kill_after, env=env, chdir=chdir)
+        cmd = self.exec_argv(vmid, argv, **exec_options)
+        keep_env, timeout = bool(exec_options.get("keep_env")), exec_options.get("timeout")
         state = self.status(vmid)
         if state != "running":
-            raise self._fail("not_running", f"container {vmid} on node {self.node} is not running (pct status: {state})", vmid, cmd=cmd)
+            raise self._fail(_reasons.NOT_RUNNING, f"container {vmid} on node {self.node} is not running (pct status: {state})", vmid, cmd=cmd)
         if creates is not None and self.path_exists(vmid, creates, keep_env):
             return self._skipped(vmid, cmd, f"skipped, since {creates} exists in container {vmid}")
         if removes is not None and not self.path_exists(vmid, removes, keep_env):
@@ -286,9 +305,9 @@ class PctExec:
                     self.node = result["node"] = node
                 raise CleanSlateError(msg, reason=reason, **result)
         if timeout is not None and rc in TIMEOUT_EXIT_CODES and elapsed >= timeout:
-            raise CleanSlateError(f"the command timed out after {timeout} s in container {vmid} and was killed there", reason="timeout", **result)
+            raise CleanSlateError(f"the command timed out after {timeout} s in container {vmid} and was killed there", reason=_reasons.TIMEOUT, **result)
         if rc != 0:
-            raise CleanSlateError(f"the command exited with rc {rc} in container {vmid}", reason="command_failed", **result)
+            raise CleanSlateError(f"the command exited with rc {rc} in container {vmid}", reason=_reasons.COMMAND_FAILED, **result)
         return result
 
     def _skipped(self, vmid: int, cmd: list[str], msg: str) -> dict[str, t.Any]:
@@ -304,3 +323,126 @@ class PctExec:
             "cmd": cmd,
             "msg": msg,
         }
+
+
+# ---------------------------------------------------------------------- containers as kill and residue scopes
+def scopes(vmids: t.Sequence[int], run: RunCommand, pct: str | None, lxc_info: str | None) -> list[Scope]:
+    """Resolve container ids to their init pid and PID namespace (``containers``), or raise a clear error.
+
+    ``pct status <vmid> --verbose`` names the init on Proxmox VE; ``lxc-info`` on a plain LXC host.
+    """
+    out = []
+    for vmid in vmids:
+        status, pid_text = _init_of(vmid, run, pct, lxc_info)
+        if status != "running":
+            raise CleanSlateError(
+                f"containers: container {vmid} is not running (status: {status}); there is nothing of it to clean.", reason=_reasons.NOT_RUNNING, vmid=vmid
+            )
+        if not re.fullmatch(r"\d+", pid_text or ""):
+            raise CleanSlateError(f"containers: could not find the init process of container {vmid}.", reason=_reasons.NOT_RUNNING, vmid=vmid)
+        pid = int(pid_text)
+        if not os.path.exists(f"/proc/{pid}"):
+            raise CleanSlateError(
+                f"containers: the init process {pid} of container {vmid} is not visible here; run the task on the hypervisor itself.",
+                reason=_reasons.NOT_RUNNING,
+                vmid=vmid,
+            )
+        out.append(Scope(vmid=vmid, init_pid=pid, pidns=_proctable.pidns_inode(pid)))
+    return out
+
+
+def _init_of(vmid: int, run: RunCommand, pct: str | None, lxc_info: str | None) -> tuple[str, str]:
+    """(state, init pid as text) of one container, from pct or lxc-info."""
+    if pct:
+        try:
+            info = PctExec(pct, run).status_verbose(vmid)
+        except CleanSlateError as exc:
+            raise CleanSlateError(f"containers: {exc.msg}", reason=exc.reason, vmid=vmid) from None
+        return info.get("status", "unknown"), info.get("pid", "")
+    if lxc_info:
+        rc, out, err = run([lxc_info, "-n", str(vmid), "-s", "-p"], None, False)
+        if rc != 0:
+            detail = err.strip() or "lxc-info failed"
+            raise CleanSlateError(f"containers: container {vmid} does not exist here ({detail}).", reason=_reasons.NO_SUCH_CONTAINER, vmid=vmid)
+        info = key_values(out)
+        return info.get("state", "unknown").lower(), info.get("pid", "")
+    raise CleanSlateError(
+        "containers: neither pct nor lxc-info was found; container scope works on a Proxmox VE (or LXC) host only.",
+        reason=_reasons.BAD_ARGUMENTS,
+        option="containers",
+    )
+
+
+# ---------------------------------------------------------------------- what the modules share
+def runner(module: Host) -> RunCommand:
+    """The module's ``run_command`` as a :data:`RunCommand` that expands nothing.
+
+    ``run_command`` expands ``$VAR`` and ``~`` in every word by default, with the node's environment: the
+    words must reach pct (and the container) as written, and a returned ``cmd`` must be what ran.
+    """
+
+    def run(argv: list[str], data: str | None, binary_data: bool) -> tuple[int, str, str]:
+        rc, out, err = module.run_command(argv, data=data, binary_data=binary_data, expand_user_and_vars=False)
+        return rc, out, err
+
+    return run
+
+
+def find_pct(module: Host, pct_path: str | None) -> str | None:
+    """``pct_path`` when given (already checked to be executable), else pct from PATH or /usr/sbin."""
+    return pct_path or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
+
+
+#: The argument spec of a module's ``containers`` scope (documented by the ``_containers`` doc fragment and each module).
+SCOPE_OPTIONS: dict[str, dict[str, t.Any]] = {"containers": {"type": "list", "elements": "int", "default": []}, "pct_path": {"type": "path"}}
+
+
+def scopes_of(module: Host) -> t.Callable[[], list[Scope]]:
+    """The lookup of the module's ``containers`` option, to be run once every other option is known good."""
+    return lambda: container_scopes(module, module.params["containers"], module.params["pct_path"])
+
+
+def container_scopes(module: Host, vmids: t.Sequence[int], pct_path: str | None) -> list[Scope]:
+    """The ``containers`` option of a module, resolved (empty when it is empty); pct first, else lxc-info."""
+    if not vmids:
+        return []
+    pct = find_pct(module, pct_path)
+    lxc_info = None if pct else module.get_bin_path("lxc-info", opt_dirs=["/usr/bin", "/usr/sbin"])
+    return scopes(vmids, runner(module), pct, lxc_info)
+
+
+def execute(module: Host) -> dict[str, t.Any]:
+    """The pct_exec module: check every option before anything runs on the node, then run the command."""
+    p = module.params
+    vmid = validate_vmid(p["vmid"])
+    _checks.number("timeout", p["timeout"], 1, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("kill_after", p["kill_after"], 0, 3600, unit="seconds")
+    _checks.executable("pct_path", p["pct_path"])
+    argv: list[str] = list(p["argv"]) if p["argv"] is not None else ["/bin/sh", "-c", p["command"]]
+    pct = find_pct(module, p["pct_path"])
+    if not pct:
+        raise CleanSlateError("pct not found in PATH or /usr/sbin: is this a Proxmox VE node? (set pct_path otherwise)", reason=_reasons.PCT_FAILED, vmid=vmid)
+    sudo: list[str] = []
+    if os.geteuid() != 0:
+        found = module.get_bin_path("sudo")
+        if not found:
+            raise CleanSlateError(
+                "pct needs root, and this user is not root and there is no sudo; connect as root or install sudo.", reason=_reasons.PCT_FAILED, vmid=vmid
+            )
+        sudo = [found, "-n"]
+    result = PctExec(pct, runner(module), sudo=sudo, node=p["node"] or local_node_name()).run(
+        vmid,
+        argv,
+        keep_env=p["keep_env"],
+        timeout=p["timeout"],
+        kill_after=p["kill_after"],
+        env=p["env"],
+        chdir=p["chdir"],
+        stdin=p["stdin"],
+        stdin_add_newline=p["stdin_add_newline"],
+        creates=p["creates"],
+        removes=p["removes"],
+        check_mode=module.check_mode,
+    )
+    result.setdefault("msg", "" if result.get("rc") is None else f"the command exited with rc {result['rc']} in container {vmid}")
+    return result

@@ -20,6 +20,12 @@ Discovery combines three sources, because each alone misses real holders
 * Name patterns over cmdline, comm and exe: finds renamed workers
   (``sglang::scheduler_TP0``) and the processes around them.
 
+Discovery runs in named phases over one census of the host
+(:func:`take_census`: every process, what is guarded, NVML's listing, the
+device files' holders): :func:`from_nvml`, :func:`from_device_files`,
+:func:`from_patterns`, :func:`widen` (children, process groups), then
+:func:`protect_and_filter`.
+
 Protection is applied after discovery and cannot be switched off for the
 core cases: PID 1 of any namespace, kernel threads, this module, its
 ancestors and the processes it started, every Ansible process on the host,
@@ -47,7 +53,7 @@ import shlex
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _scope
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _reasons, _scope
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 # Protected unless the user removes a name explicitly with `unprotect`.
@@ -214,12 +220,16 @@ def compile_patterns(patterns: t.Sequence[str], option: str = "patterns") -> lis
             # re.search("") matches every process: an empty item (a stray comma in a survey, an unset
             # variable) must not turn into "end everything".
             raise CleanSlateError(
-                f"{option}: an empty pattern matches every process; remove it, or write '.*' if every process is really meant.", reason="bad_arguments"
+                f"{option}: an empty pattern matches every process; remove it, or write '.*' if every process is really meant.",
+                reason=_reasons.BAD_ARGUMENTS,
+                option=option,
             )
         try:
             compiled.append(re.compile(pattern))
         except re.error as exc:
-            raise CleanSlateError(f"{option}: {pattern!r} is not a valid regular expression ({exc}); fix or quote it.", reason="bad_arguments") from None
+            raise CleanSlateError(
+                f"{option}: {pattern!r} is not a valid regular expression ({exc}); fix or quote it.", reason=_reasons.BAD_ARGUMENTS, option=option
+            ) from None
     return compiled
 
 
@@ -241,14 +251,15 @@ def resolve_users(users: t.Sequence[t.Any]) -> set[int] | None:
             if not _uid_known(uid):
                 raise CleanSlateError(
                     f"users: no user with uid {text} on this host (not in passwd, not in /etc/subuid, and no process runs as it).",
-                    reason="bad_arguments",
+                    reason=_reasons.BAD_ARGUMENTS,
+                    option="users",
                 )
             uids.add(uid)
             continue
         try:
             uids.add(pwd.getpwnam(text).pw_uid)
         except KeyError:
-            raise CleanSlateError(f"users: no user named {text!r} on this host.", reason="bad_arguments") from None
+            raise CleanSlateError(f"users: no user named {text!r} on this host.", reason=_reasons.BAD_ARGUMENTS, option="users") from None
     return uids
 
 
@@ -449,7 +460,8 @@ def protect_list(extra: t.Sequence[str], unprotect: t.Sequence[str]) -> list[str
         raise CleanSlateError(
             f"unprotect: {', '.join(sorted(unknown))} is not in the default protect list; only default entries can be removed"
             f" (defaults: {', '.join(DEFAULT_PROTECT)}).",
-            reason="bad_arguments",
+            reason=_reasons.BAD_ARGUMENTS,
+            option="unprotect",
         )
     return [n for n in DEFAULT_PROTECT if n not in removed] + [n for n in extra if n not in DEFAULT_PROTECT]
 
@@ -500,27 +512,43 @@ def guard_ansible_and_own(facts: dict[int, ProcFacts], self_pid: int, guarded: d
         stack.extend(children.get(pid, []))
 
 
+@dataclass
+class Census:
+    """What one discovery read of the host, shared by its phases, and the candidates they gather."""
+
+    req: Request
+    facts: dict[int, ProcFacts]  # every process, by pid
+    guarded: dict[int, str]  # pids never to signal whatever else is said of them, with why
+    minor_to_index: dict[int, int]  # device minor -> GPU index, every GPU
+    selected: set[int]  # device minors of the selected GPUs
+    nvml_minors: dict[int, set[int]]  # pid -> minors of the GPUs NVML lists it on (every GPU): its word wins
+    holders: dict[int, _proctable.Holding]  # holders of the GPU device files
+    unreadable: set[int]  # processes whose file descriptors could not be read
+    cands: dict[int, Candidate] = field(default_factory=dict)
+
+    def cand(self, pid: int) -> Candidate:
+        """The candidate record of ``pid``, made on first use."""
+        if pid not in self.cands:
+            self.cands[pid] = Candidate(facts=self.facts[pid])
+        return self.cands[pid]
+
+
 def discover(req: Request) -> Plan:
     """Build the plan: candidates from every source, then protection, scope, users and ``where``."""
     plan = Plan()
-    self_pid = os.getpid()
-    guarded = {self_pid: "this module's own process"}
-    for pid in _proctable.ancestors(self_pid):
-        guarded.setdefault(pid, "an ancestor of this module (its interpreter, Ansible, sshd or the become chain)")
-    maxpid = _proctable.pid_max()
-    facts = {pid: f for pid in _proctable.pids() if (f := read_facts(pid)) is not None}
-    guard_ansible_and_own(facts, self_pid, guarded)
-    minor_to_index = {g.minor: g.index for g in (req.every_gpu or req.gpus) if g.minor is not None}
-    selected = {g.minor for g in req.gpus if g.minor is not None}
-    # Where NVML lists each process, over every GPU: its word on which GPUs a process uses wins.
-    index_to_minor = {i: m for m, i in minor_to_index.items()}
-    nvml_minors: dict[int, set[int]] = {}
-    if req.use_nvml:
-        for index, procs in req.nvml_processes.items():
-            for proc in procs:
-                if index in index_to_minor:
-                    nvml_minors.setdefault(proc.pid, set()).add(index_to_minor[index])
+    census = take_census(req, plan)
+    from_nvml(census, plan)
+    from_device_files(census)
+    from_patterns(census)
+    widen(census)
+    protect_and_filter(census, plan)
+    return plan
 
+
+def take_census(req: Request, plan: Plan) -> Census:
+    """Read every process, what must never be signalled, where NVML lists each pid, and the device files' holders."""
+    facts = {pid: f for pid in _proctable.pids() if (f := read_facts(pid)) is not None}
+    minor_to_index = {g.minor: g.index for g in (req.every_gpu or req.gpus) if g.minor is not None}
     holders: dict[int, _proctable.Holding] = {}
     unreadable: set[int] = set()
     if req.use_device_files:
@@ -529,56 +557,96 @@ def discover(req: Request) -> Plan:
         plan.unreadable = len(unreadable)
         if unreadable:
             plan.notes.append(f"{len(unreadable)} process(es) could not be inspected for device files (permission); run with become: true.")
+    return Census(
+        req=req,
+        facts=facts,
+        guarded=guards(facts),
+        minor_to_index=minor_to_index,
+        selected={g.minor for g in req.gpus if g.minor is not None},
+        nvml_minors=nvml_listing(req, minor_to_index) if req.use_nvml else {},
+        holders=holders,
+        unreadable=unreadable,
+    )
 
-    cands: dict[int, Candidate] = {}
 
-    def cand(pid: int) -> Candidate:
-        if pid not in cands:
-            cands[pid] = Candidate(facts=facts[pid])
-        return cands[pid]
+def guards(facts: dict[int, ProcFacts]) -> dict[int, str]:
+    """This module, its ancestors, every Ansible process on the host and what the module started, with why."""
+    self_pid = os.getpid()
+    guarded = {self_pid: "this module's own process"}
+    for pid in _proctable.ancestors(self_pid):
+        guarded.setdefault(pid, "an ancestor of this module (its interpreter, Ansible, sshd or the become chain)")
+    guard_ansible_and_own(facts, self_pid, guarded)
+    return guarded
 
-    # NVML, each pid validated and corroborated by the device files.
-    if req.use_nvml:
-        for gpu in req.gpus:
-            for proc in req.nvml_processes.get(gpu.index, []):
-                why = _validated_nvml_pid(proc.pid, maxpid, facts)
-                holding = holders.get(proc.pid)
-                # A CUDA process always holds its GPU's device file; an NVML pid that does not is not trusted.
-                corroborated = holding is not None and (gpu.minor is None or gpu.minor in holding.minors)
-                if why is None and req.use_device_files and proc.pid not in unreadable and not corroborated:
-                    why = f"listed by NVML but does not hold nvidia{gpu.minor} here (a stale entry, or a pid from another PID namespace)"
-                if why:
-                    plan.ignored.append({"pid": proc.pid, "gpu": gpu.index, "why": why})
-                    continue
-                c = cand(proc.pid)
-                c.nvml_listed = True
-                c.gpus.add(gpu.index)
-                if proc.used_mib is not None:
-                    c.used_mib = (c.used_mib or 0) + proc.used_mib
-                c.reasons.append(f"listed by NVML on GPU {gpu.index}" + (f" ({proc.used_mib} MiB)" if proc.used_mib is not None else ""))
 
-    # Device-file holders.
-    # Pids NVML lists that are not a live process here, per GPU (every GPU): memory that no visible
-    # process owns, the mark of a forked child holding a dead parent's context.
-    stale_pids: dict[int, set[int]] = {}
+def nvml_listing(req: Request, minor_to_index: dict[int, int]) -> dict[int, set[int]]:
+    """Where NVML lists each process, over every GPU, by device minor."""
+    index_to_minor = {i: m for m, i in minor_to_index.items()}
+    out: dict[int, set[int]] = {}
     for index, procs in req.nvml_processes.items():
         for proc in procs:
-            f = facts.get(proc.pid)
+            if index in index_to_minor:
+                out.setdefault(proc.pid, set()).add(index_to_minor[index])
+    return out
+
+
+def from_nvml(census: Census, plan: Plan) -> None:
+    """NVML's entries on the selected GPUs, each pid validated and corroborated by the device files."""
+    req = census.req
+    if not req.use_nvml:
+        return
+    maxpid = _proctable.pid_max()
+    for gpu in req.gpus:
+        for proc in req.nvml_processes.get(gpu.index, []):
+            why = _validated_nvml_pid(proc.pid, maxpid, census.facts)
+            holding = census.holders.get(proc.pid)
+            # A CUDA process always holds its GPU's device file; an NVML pid that does not is not trusted.
+            corroborated = holding is not None and (gpu.minor is None or gpu.minor in holding.minors)
+            if why is None and req.use_device_files and proc.pid not in census.unreadable and not corroborated:
+                why = f"listed by NVML but does not hold nvidia{gpu.minor} here (a stale entry, or a pid from another PID namespace)"
+            if why:
+                plan.ignored.append({"pid": proc.pid, "gpu": gpu.index, "why": why})
+                continue
+            c = census.cand(proc.pid)
+            c.nvml_listed = True
+            c.gpus.add(gpu.index)
+            if proc.used_mib is not None:
+                c.used_mib = (c.used_mib or 0) + proc.used_mib
+            c.reasons.append(f"listed by NVML on GPU {gpu.index}" + (f" ({proc.used_mib} MiB)" if proc.used_mib is not None else ""))
+
+
+def stale_owners(census: Census) -> dict[int, set[int]]:
+    """Pids NVML lists that are not a live process here, per device minor (every GPU).
+
+    Memory that no visible process owns: the mark of a forked child holding a dead parent's context.
+    """
+    index_to_minor = {i: m for m, i in census.minor_to_index.items()}
+    stale: dict[int, set[int]] = {}
+    for index, procs in census.req.nvml_processes.items():
+        for proc in procs:
+            f = census.facts.get(proc.pid)
             if index in index_to_minor and (f is None or f.state in ("Z", "X")):
-                stale_pids.setdefault(index_to_minor[index], set()).add(proc.pid)
-    stale_minors = set(stale_pids) & selected
+                stale.setdefault(index_to_minor[index], set()).add(proc.pid)
+    return stale
+
+
+def from_device_files(census: Census) -> None:
+    """Holders of the selected GPUs' device files, each tied to the GPUs it really uses."""
+    req, facts = census.req, census.facts
+    stale_pids = stale_owners(census)
+    stale_minors = set(stale_pids) & census.selected
 
     def linked(f: ProcFacts) -> set[int]:
         """GPUs whose dead NVML-listed owner led this process's group or session: its parent's job."""
         return {m for m, dead in stale_pids.items() if f.pgid in dead or f.sid in dead}
 
     # A GPU with a holder linked to its dead owner is that holder's; other unlisted holders are not tied to it.
-    claimed = {m for pid, holding in holders.items() if pid in facts and not nvml_minors.get(pid) for m in linked(facts[pid])}
-    for pid, holding in holders.items():
+    claimed = {m for pid in census.holders if pid in facts and not census.nvml_minors.get(pid) for m in linked(facts[pid])}
+    for pid, holding in census.holders.items():
         if pid not in facts:
             continue
-        listed = nvml_minors.get(pid)
-        mine = _proctable.attribute(holding, listed) & holding.minors & selected
+        listed = census.nvml_minors.get(pid)
+        mine = _proctable.attribute(holding, listed) & holding.minors & census.selected
         if not listed and not req.all_gpus:
             # The CUDA driver maps every GPU's device file, so a process NVML does not list is tied to a
             # selected GPU only where NVML shows memory that no visible process owns: through its dead
@@ -587,92 +655,84 @@ def discover(req: Request) -> Plan:
             ties = linked(facts[pid])
             mine &= ties if ties else stale_minors - claimed
         if mine:
-            c = cand(pid)
+            c = census.cand(pid)
             c.holding = holding
-            c.gpus.update(minor_to_index[m] for m in mine)
+            c.gpus.update(census.minor_to_index[m] for m in mine)
             c.reasons.extend(holding.describe(mine))
         elif not holding.minors and req.all_gpus:
             # Only nvidiactl / nvidia-uvm: cannot be tied to one GPU, so counts only when all are selected.
-            c = cand(pid)
+            c = census.cand(pid)
             c.holding = holding
             c.reasons.extend(holding.describe())
 
-    # Name patterns.
-    if req.patterns:
-        for pid, f in facts.items():
-            if f.kernel:
+
+def from_patterns(census: Census) -> None:
+    """Processes whose command line, name or executable match a pattern (with a GPU subset, only candidates already found)."""
+    req = census.req
+    if not req.patterns:
+        return
+    for pid, f in census.facts.items():
+        if f.kernel:
+            continue
+        pattern = matches_patterns(f, req.patterns)
+        if pattern is None:
+            continue
+        if not req.all_gpus and pid not in census.cands:
+            continue
+        census.cand(pid).reasons.append(f"matches pattern {pattern!r}")
+
+
+def widen(census: Census) -> None:
+    """Add the descendants (``include_children``) and process group members (``process_group``) of the candidates."""
+    req, facts, guarded, cands = census.req, census.facts, census.guarded, census.cands
+    if not (req.include_children or req.process_group):
+        return
+    children: dict[int, list[int]] = {}
+    groups: dict[int, list[int]] = {}
+    for pid, f in facts.items():
+        children.setdefault(f.ppid, []).append(pid)
+        groups.setdefault(f.pgid, []).append(pid)
+    # Only a process that may itself be ended lends its tree or group: a match on this module's
+    # ancestors (Ansible's own command line, sshd), on an init or on a protected daemon must not
+    # pull in their other children (Ansible's other workers, other SSH sessions).
+    roots = [pid for pid in cands if pid not in guarded and pid > 1 and not facts[pid].kernel and not protected_name(facts[pid], req.protect)]
+    if req.include_children:
+        stack = [(pid, pid) for pid in roots]
+        while stack:
+            parent, root = stack.pop()
+            for child in children.get(parent, []):
+                if child not in cands and child not in guarded:
+                    census.cand(child).reasons.append(f"descendant of PID {root}")
+                    stack.append((child, root))
+    if req.process_group:
+        for pid in roots:
+            pgid = facts[pid].pgid
+            members = groups.get(pgid, [])
+            # Never widen into a group that holds this module or its ancestors.
+            if any(m in guarded for m in members):
                 continue
-            pattern = matches_patterns(f, req.patterns)
-            if pattern is None:
-                continue
-            if not req.all_gpus and pid not in cands:
-                continue
-            cand(pid).reasons.append(f"matches pattern {pattern!r}")
-
-    # Process tree and process group expansion.
-    if req.include_children or req.process_group:
-        children: dict[int, list[int]] = {}
-        groups: dict[int, list[int]] = {}
-        for pid, f in facts.items():
-            children.setdefault(f.ppid, []).append(pid)
-            groups.setdefault(f.pgid, []).append(pid)
-        # Only a process that may itself be ended lends its tree or group: a match on this module's
-        # ancestors (Ansible's own command line, sshd), on an init or on a protected daemon must not
-        # pull in their other children (Ansible's other workers, other SSH sessions).
-        roots = [pid for pid in cands if pid not in guarded and pid > 1 and not facts[pid].kernel and not protected_name(facts[pid], req.protect)]
-        if req.include_children:
-            stack = [(pid, pid) for pid in roots]
-            while stack:
-                parent, root = stack.pop()
-                for child in children.get(parent, []):
-                    if child not in cands and child not in guarded:
-                        cand(child).reasons.append(f"descendant of PID {root}")
-                        stack.append((child, root))
-        if req.process_group:
-            for pid in roots:
-                pgid = facts[pid].pgid
-                members = groups.get(pgid, [])
-                # Never widen into a group that holds this module or its ancestors.
-                if any(m in guarded for m in members):
-                    continue
-                for member in members:
-                    if member not in cands:
-                        cand(member).reasons.append(f"in process group {pgid} of PID {pid}")
-
-    _protect_and_filter(req, plan, cands, guarded, holders)
-    return plan
+            for member in members:
+                if member not in cands:
+                    census.cand(member).reasons.append(f"in process group {pgid} of PID {pid}")
 
 
-def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], guarded: dict[int, str], holders: dict[int, _proctable.Holding]) -> None:
-    """Apply protection, scope, users and ``where`` to the candidates, in that order."""
+def protect_and_filter(census: Census, plan: Plan) -> None:
+    """Apply protection, scope, users and ``where`` to the candidates, in that order: what is left are the targets."""
+    req = census.req
     survivors: list[Candidate] = []
     denied = 0
-    for pid in sorted(cands):
-        c = cands[pid]
+    for pid in sorted(census.cands):
+        c = census.cands[pid]
         f = c.facts
         c.nspid = _proctable.nspids(pid)
         c.pidns = _proctable.pidns_inode(pid)
         c.container = _proctable.container_of(pid)
-        why = None
         if f.state in ("Z", "X") and not (pid <= 1 or (c.nspid and c.nspid[-1] == 1)):
             # It has exited already (a zombie holds no memory and no file); only its parent's wait is missing.
             # Judged first: its executable can no longer be read, so it would pass for a daemon by its name.
             plan.ignored.append({"pid": pid, "why": "a zombie: it has exited already and holds nothing; its parent has not reaped it yet"})
             continue
-        if pid <= 1 or (c.nspid and c.nspid[-1] == 1):
-            why = "PID 1 of its namespace (an init)"
-        elif f.kernel:
-            why = "kernel thread"
-        elif pid in guarded:
-            why = guarded[pid]
-        else:
-            name, how = protection(f, req.protect)
-            if name:
-                why = f"protected daemon ({name}{', ' + how if how else ''})"
-            elif req.scopes and _scope.member_of(pid, req.scopes, c.pidns, c.container) is None:
-                why = "outside the container scope (" + ", ".join(str(s.vmid) for s in req.scopes) + ")"
-            elif not req.kill_management_clients and not c.nvml_listed and pid in holders and not holders[pid].has_mmaps:
-                why = "management client (holds device files but maps none); set kill_management_clients: true to end it"
+        why = protection_reason(req, c, census.guarded, census.holders)
         if why:
             record = {"pid": pid, "name": f.comm, "cmdline": f.cmdline, "why": why, "container": c.container}
             if c.holds_gpu_memory:
@@ -696,23 +756,48 @@ def _protect_and_filter(req: Request, plan: Plan, cands: dict[int, Candidate], g
         survivors.append(c)
     if denied:
         plan.notes.append(f"{denied} process(es) holding the selected GPUs belong to other users and were left alone; run with become: true to end them.")
-    if req.where is not None and survivors:
-        records = [c.record() for c in survivors]
-        try:
-            selected = req.where.search(records)
-        except (ValueError, TypeError) as exc:  # jmespath's errors derive from ValueError
-            raise CleanSlateError(f"where: the expression failed on the candidate records: {exc}", reason="bad_arguments") from None
-        if not isinstance(selected, list) or not all(isinstance(x, dict) and "pid" in x for x in selected):
-            raise CleanSlateError(
-                "where: the expression must return a list of candidate records (filter the list, for example [?used_mib > `1024`]).",
-                reason="bad_arguments",
-            )
-        keep = {x["pid"] for x in selected}
-        for c in survivors:
-            if c.pid not in keep:
-                plan.ignored.append({"pid": c.pid, "why": "filtered out by where"})
-        survivors = [c for c in survivors if c.pid in keep]
-    plan.targets = survivors
+    plan.targets = apply_where(req, plan, survivors)
+
+
+def protection_reason(req: Request, c: Candidate, guarded: dict[int, str], holders: dict[int, _proctable.Holding]) -> str | None:
+    """Why a candidate must not be signalled, or None: init, kernel thread, guarded, daemon, out of scope, management client."""
+    pid, f = c.pid, c.facts
+    if pid <= 1 or (c.nspid and c.nspid[-1] == 1):
+        return "PID 1 of its namespace (an init)"
+    if f.kernel:
+        return "kernel thread"
+    if pid in guarded:
+        return guarded[pid]
+    name, how = protection(f, req.protect)
+    if name:
+        return f"protected daemon ({name}{', ' + how if how else ''})"
+    if req.scopes and _scope.member_of(req.scopes, c.pidns, c.container) is None:
+        return f"outside the container scope ({_scope.label(req.scopes)})"
+    if not req.kill_management_clients and not c.nvml_listed and pid in holders and not holders[pid].has_mmaps:
+        return "management client (holds device files but maps none); set kill_management_clients: true to end it"
+    return None
+
+
+def apply_where(req: Request, plan: Plan, survivors: list[Candidate]) -> list[Candidate]:
+    """The candidates the ``where`` expression keeps (all when there is none); the others go to ``ignored``."""
+    if req.where is None or not survivors:
+        return survivors
+    records = [c.record() for c in survivors]
+    try:
+        selected = req.where.search(records)
+    except (ValueError, TypeError) as exc:  # jmespath's errors derive from ValueError
+        raise CleanSlateError(f"where: the expression failed on the candidate records: {exc}", reason=_reasons.BAD_ARGUMENTS, option="where") from None
+    if not isinstance(selected, list) or not all(isinstance(x, dict) and "pid" in x for x in selected):
+        raise CleanSlateError(
+            "where: the expression must return a list of candidate records (filter the list, for example [?used_mib > `1024`]).",
+            reason=_reasons.BAD_ARGUMENTS,
+            option="where",
+        )
+    keep = {x["pid"] for x in selected}
+    for c in survivors:
+        if c.pid not in keep:
+            plan.ignored.append({"pid": c.pid, "why": "filtered out by where"})
+    return [c for c in survivors if c.pid in keep]
 
 
 def _username(uid: int | None) -> str | None:

@@ -25,6 +25,8 @@ followed and no pattern can leave the scope's root; in container scope the
 root is the container's own (``/proc/<init>/root``), so the host's files are
 never seen. Right before each unlink the item is stat'ed again through its
 directory fd and must still be the very file that was judged.
+
+It is also the gpu_job_residue module's logic (:class:`ModuleRun`).
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ import os
 import re
 import stat as st_mod
 import threading
+import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders, _ports, _procs, _proctable, _scope
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _holders, _ports, _procs, _proctable, _reasons, _scope
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 # Sources for the defaults: docs/docsite/rst/guide_clean_slate.rst, "What the residue phase removes".
@@ -78,12 +81,6 @@ MAX_TREE = 100000  # entries of one directory judged before it is given up as to
 _GLOB = re.compile(r"[*?[]")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-# Reasons this module fails with, besides those of _scope (not_running, no_such_container) and bad_arguments.
-REASON_PORT_IN_USE = "port_in_use"
-REASON_PORT_CONNECTED = "port_connected"
-REASON_PORT_TIME_WAIT = "port_time_wait"
-REASON_REMOVE_FAILED = "remove_failed"
-REASON_SCAN_INCOMPLETE = "scan_incomplete"
 
 Key = t.Tuple[int, int]
 EMPTY_KEYS: frozenset[Key] = frozenset()
@@ -119,22 +116,24 @@ class Request:
 def parse_glob(kind: str, pattern: str) -> Glob:
     """Split and check one pattern; the error names the option."""
     if not isinstance(pattern, str) or not pattern.startswith("/"):
-        raise CleanSlateError(f"{kind}: {pattern!r} is not an absolute path glob (for example /dev/shm/nccl-*).", reason="bad_arguments")
+        raise CleanSlateError(f"{kind}: {pattern!r} is not an absolute path glob (for example /dev/shm/nccl-*).", reason=_reasons.BAD_ARGUMENTS, option=kind)
     if "\0" in pattern:
-        raise CleanSlateError(f"{kind}: {pattern!r} contains a NUL byte.", reason="bad_arguments")
+        raise CleanSlateError(f"{kind}: {pattern!r} contains a NUL byte.", reason=_reasons.BAD_ARGUMENTS, option=kind)
     parts = [p for p in pattern.split("/") if p]
     if not parts:
-        raise CleanSlateError(f"{kind}: {pattern!r} names the root directory itself.", reason="bad_arguments")
+        raise CleanSlateError(f"{kind}: {pattern!r} names the root directory itself.", reason=_reasons.BAD_ARGUMENTS, option=kind)
     if any(p in (".", "..") for p in parts):
-        raise CleanSlateError(f"{kind}: {pattern!r} contains '.' or '..'; give the path without them.", reason="bad_arguments")
+        raise CleanSlateError(f"{kind}: {pattern!r} contains '.' or '..'; give the path without them.", reason=_reasons.BAD_ARGUMENTS, option=kind)
     if any("**" in p and p != "**" for p in parts):
-        raise CleanSlateError(f"{kind}: {pattern!r}: '**' must be a whole path component (a/**/b).", reason="bad_arguments")
+        raise CleanSlateError(f"{kind}: {pattern!r}: '**' must be a whole path component (a/**/b).", reason=_reasons.BAD_ARGUMENTS, option=kind)
     if parts[-1] == "**":
-        raise CleanSlateError(f"{kind}: {pattern!r} must end with a name pattern, not '**'.", reason="bad_arguments")
+        raise CleanSlateError(f"{kind}: {pattern!r} must end with a name pattern, not '**'.", reason=_reasons.BAD_ARGUMENTS, option=kind)
     if kind == "dirs" and ("**" in parts or not _GLOB.sub("", parts[-1])):
         # A directory is removed with everything in it: its name must say what it is (torchelastic_*).
         raise CleanSlateError(
-            f"dirs: {pattern!r} must end with a name that has literal characters (such as torchelastic_*) and use no '**'.", reason="bad_arguments"
+            f"dirs: {pattern!r} must end with a name that has literal characters (such as torchelastic_*) and use no '**'.",
+            reason=_reasons.BAD_ARGUMENTS,
+            option=kind,
         )
     return Glob(kind=kind, pattern=pattern, parts=parts)
 
@@ -144,7 +143,7 @@ def validate_ports(ports: t.Sequence[int]) -> list[int]:
     out: list[int] = []
     for port in ports:
         if not 1 <= int(port) <= 65535:
-            raise CleanSlateError(f"ports: {port} is not a TCP port (1-65535).", reason="bad_arguments")
+            raise CleanSlateError(f"ports: {port} is not a TCP port (1-65535).", reason=_reasons.BAD_ARGUMENTS, option="ports")
         if int(port) not in out:
             out.append(int(port))
     return out
@@ -422,7 +421,7 @@ def open_roots(scopes: t.Sequence[_scope.Scope]) -> list[Root]:
             raise CleanSlateError(
                 f"containers: cannot reach the file system of container {scope.vmid} through /proc/{scope.init_pid}/root ({exc.strerror});"
                 " run the task on its hypervisor as root.",
-                reason="not_running",
+                reason=_reasons.NOT_RUNNING,
                 vmid=scope.vmid,
             ) from None
         roots.append(Root(fd=fd, vmid=scope.vmid, init_pid=scope.init_pid, scope=scope, fstypes=mount_types(scope.init_pid)))
@@ -498,7 +497,7 @@ def resolve_users(users: t.Sequence[str], root: Root) -> set[int] | None:
         elif text in names:
             uid = names[text]
         else:
-            raise CleanSlateError(f"users: no user named {text!r} in container {root.vmid}.", reason="bad_arguments")
+            raise CleanSlateError(f"users: no user named {text!r} in container {root.vmid}.", reason=_reasons.BAD_ARGUMENTS, option="users")
         for inside, outside, count in mapping:
             if inside <= uid < inside + count:
                 uid = outside + (uid - inside)
@@ -720,6 +719,11 @@ def remove_all(items: list[Item], workers: int = 0) -> None:
 
 
 # ---------------------------------------------------------------------- zombies and ports
+def scope_of(pid: int, scopes: list[_scope.Scope]) -> _scope.Scope | None:
+    """The container of ``scopes`` a process belongs to, read from its /proc entry."""
+    return _scope.member_of(scopes, _proctable.pidns_inode(pid), _proctable.container_of(pid))
+
+
 def zombies(scan: _holders.Scan, roots: list[Root], holders: Holders) -> tuple[list[dict[str, t.Any]], list[dict[str, t.Any]]]:
     """Zombies in scope, and the parents that do not reap them."""
     scopes = [r.scope for r in roots if r.scope is not None]
@@ -727,7 +731,7 @@ def zombies(scan: _holders.Scan, roots: list[Root], holders: Holders) -> tuple[l
     parents: dict[int, dict[str, t.Any]] = {}
     for pid, ppid, comm in scan.zombies:
         if scopes:
-            inside = _scope.member_of(ppid, scopes, _proctable.pidns_inode(ppid), _proctable.container_of(ppid))
+            inside = scope_of(ppid, scopes)
             if inside is None:
                 continue
             vmid: int | None = inside.vmid
@@ -766,7 +770,7 @@ def port_record(ps: _ports.PortState, root: Root, holders: Holders, owners: dict
             owner["listening"] = sock.state == _ports.LISTEN
             facts = _procs.read_facts(pid)
             match = _procs.matches_patterns(facts, holders.patterns) if facts is not None else None
-            in_scope = root.scope is None or _scope.member_of(pid, [root.scope], _proctable.pidns_inode(pid), _proctable.container_of(pid)) is not None
+            in_scope = root.scope is None or scope_of(pid, [root.scope]) is not None
             owner["kill_target"] = bool(match) and in_scope and not owner["protected"]
             if match:
                 owner["matches"] = match
@@ -989,17 +993,30 @@ def report(
         "processes": scan.processes,
         "notes": notes,
     }
+    failures = problems(req, lists["errors"], incomplete, notes, ports)
+    if failures:
+        reason, msg = failures[0]
+        if len(failures) > 1:
+            msg += f" ({len(failures) - 1} more problem(s) in the result.)"
+        details = {k: v for k, v in result.items() if k not in ("msg",)}
+        raise CleanSlateError(msg, reason=reason, **details)
+    return result
+
+
+def problems(req: Request, errors: list[Item], incomplete: bool, notes: list[str], ports: list[dict[str, t.Any]]) -> list[tuple[str, str]]:
+    """(reason, sentence) of everything that fails the run, most serious first: removals that failed, a scan that
+    could not prove anything orphaned, then each port the next server could not bind (as ``fail_on`` asks)."""
     failures = []
-    if lists["errors"]:
-        e = lists["errors"][0]
+    if errors:
+        e = errors[0]
         failures.append(
             (
-                REASON_REMOVE_FAILED,
-                f"{len(lists['errors'])} orphaned item(s) could not be removed (first: {e.path}: {e.why}); remove them by hand or fix the file system.",
+                _reasons.REMOVE_FAILED,
+                f"{len(errors)} orphaned item(s) could not be removed (first: {e.path}: {e.why}); remove them by hand or fix the file system.",
             )
         )
     if incomplete:
-        failures.append((REASON_SCAN_INCOMPLETE, f"{notes[-1]} Nothing was removed."))
+        failures.append((_reasons.SCAN_INCOMPLETE, f"{notes[-1]} Nothing was removed."))
     for p in ports:
         label = f"port {p['port']}" + (f" in container {p['container']}" if p["container"] is not None else "")
         if p["state"] == "listening" and "listening" in req.fail_on:
@@ -1010,17 +1027,76 @@ def report(
                 if any(o.get("kill_target") for o in owners)
                 else "stop that service or add a pattern that matches it"
             )
-            failures.append((REASON_PORT_IN_USE, f"{label} is still listened on by {who}; the next server cannot bind it: {hint}."))
+            failures.append((_reasons.PORT_IN_USE, f"{label} is still listened on by {who}; the next server cannot bind it: {hint}."))
         elif p["state"] == "connected" and "connected" in req.fail_on:
-            failures.append((REASON_PORT_CONNECTED, f"{label} still has {p['connections']} live connection(s); end their owners before starting the server."))
+            failures.append((_reasons.PORT_CONNECTED, f"{label} still has {p['connections']} live connection(s); end their owners before starting the server."))
         elif p["state"] == "time_wait" and "time_wait" in req.fail_on:
             failures.append(
-                (REASON_PORT_TIME_WAIT, f"{label} is still in TIME_WAIT (about {p['remaining_s']} s left); wait, raise time_wait_timeout, or use SO_REUSEADDR.")
+                (
+                    _reasons.PORT_TIME_WAIT,
+                    f"{label} is still in TIME_WAIT (about {p['remaining_s']} s left); wait, raise time_wait_timeout, or use SO_REUSEADDR.",
+                )
             )
-    if failures:
-        reason, msg = failures[0]
-        if len(failures) > 1:
-            msg += f" ({len(failures) - 1} more problem(s) in the result.)"
-        details = {k: v for k, v in result.items() if k not in ("msg",)}
-        raise CleanSlateError(msg, reason=reason, **details)
-    return result
+    return failures
+
+
+# ---------------------------------------------------------------------- the gpu_job_residue module
+#: The most entries one list of the result may be asked to hold.
+MAX_LIST_LIMIT = 1_000_000
+
+
+def build_request(p: t.Mapping[str, t.Any], scopes_of: t.Callable[[], list[_scope.Scope]]) -> Request:
+    """Validate every option; raises before anything is looked at or removed.
+
+    ``scopes_of`` resolves the ``containers`` option (through pct), once the rest is known good.
+    """
+    globs = [parse_glob(kind, pattern) for kind in KINDS for pattern in p[kind]]
+    _checks.number("time_wait_timeout", p["time_wait_timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("list_limit", p["list_limit"], 0, MAX_LIST_LIMIT)
+    for vmid in p["containers"]:
+        _checks.vmid("containers", vmid)
+    _checks.executable("pct_path", p["pct_path"])
+    ports = validate_ports(p["ports"])
+    patterns = _procs.compile_patterns(p["patterns"])
+    protect = _procs.protect_list(p["protect"], [])
+    return Request(
+        globs=globs,
+        remove=set(p["remove"]),
+        users=p["users"],
+        scopes=scopes_of(),
+        ports=ports,
+        time_wait_timeout=p["time_wait_timeout"],
+        patterns=patterns,
+        protect=protect,
+        fail_on=set(p["fail_on"]),
+        list_limit=p["list_limit"],
+    )
+
+
+def diff(result: dict[str, t.Any], check_mode: bool) -> dict[str, str]:
+    """The orphaned items before, and those still there after (none in check mode, which only predicts)."""
+    gone = [r["path"] for r in result["removed"]]
+    left = [] if check_mode else [r["path"] for r in result["errors"]]
+    return {"before": "".join(p + "\n" for p in gone + left), "after": "" if check_mode else "".join(p + "\n" for p in left)}
+
+
+class ModuleRun:
+    """One run of the gpu_job_residue module; every failure carries ``summary`` and ``elapsed_s``.
+
+    :param scopes_of: resolves the ``containers`` option (through pct, which this file does not need to know).
+    """
+
+    def __init__(self, scopes_of: t.Callable[[], list[_scope.Scope]], clock: t.Callable[[], float] = time.monotonic) -> None:
+        self.scopes_of = scopes_of
+        self.clock = clock
+        self.start = clock()
+
+    def details(self, _reason: str) -> dict[str, t.Any]:
+        return {"summary": {}, "elapsed_s": round(self.clock() - self.start, 4)}
+
+    def __call__(self, module: t.Any) -> dict[str, t.Any]:
+        result = run(build_request(module.params, self.scopes_of), module.check_mode)
+        result["elapsed_s"] = round(self.clock() - self.start, 4)
+        if module._diff:  # pylint: disable=protected-access
+            result["diff"] = diff(result, module.check_mode)
+        return result

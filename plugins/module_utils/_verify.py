@@ -11,16 +11,24 @@ Polling is in-process because one NVML query costs well under a millisecond
 per GPU while spawning nvidia-smi costs ~22 ms, and because GPU memory comes
 back 60-110 ms after a process dies: a clean node answers in milliseconds and
 a node that was just cleaned answers as soon as the driver has freed it.
+
+It is also the gpu_mem_verify module's logic (:func:`run`): its options,
+the verdict (dirty GPUs, ``expected_count``) and the result.
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib.util
 import os
+import platform
+import sys
 import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _proctable
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _procs, _proctable, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     Gpu,
     GpuProcess,
@@ -31,7 +39,10 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
 )
 
 # Diagnoses that waiting cannot change: stop polling early when only these remain.
-TERMINAL = frozenset({"gpu_lost", "unsupported", "needs_reset"})
+TERMINAL = frozenset({_reasons.GPU_LOST, _reasons.UNSUPPORTED, _reasons.NEEDS_RESET})
+
+# NVML failures of one GPU that waiting cannot change, and the diagnosis each one is.
+_TERMINAL_ERRORS = {_reasons.GPU_LOST: _reasons.GPU_LOST, _reasons.NOT_SUPPORTED: _reasons.UNSUPPORTED, _reasons.NEEDS_RESET: _reasons.NEEDS_RESET}
 
 # Device memory a live context costs beyond what NVML charges its process (9 MiB for a torch
 # process on an H200: 518 MiB listed, 527 MiB used device-wide), with room to spare. A GPU whose
@@ -40,29 +51,29 @@ TERMINAL = frozenset({"gpu_lost", "unsupported", "needs_reset"})
 CONTEXT_OVERHEAD_ALLOWANCE_MIB = 32
 
 ADVICE = {
-    "busy": "end them with gpuops.clean_slate.gpu_procs_kill (or stop the service that owns them), then verify again.",
-    "held_outside_namespace": (
+    _reasons.BUSY: "end them with gpuops.clean_slate.gpu_procs_kill (or stop the service that owns them), then verify again.",
+    _reasons.HELD_OUTSIDE_NAMESPACE: (
         "the memory is held by processes this namespace cannot see (another container, or the host). Run the clean-up"
         " where they live: on the Proxmox host with gpuops.clean_slate.gpu_procs_kill and containers: [<vmid>], or"
         " inside the container that owns them."
     ),
-    "orphaned_context": (
+    _reasons.ORPHANED_CONTEXT: (
         "no process anywhere holds this memory (an orphaned context). Killing cannot free it: stop the GPU's management"
         " daemons (nvidia-persistenced, nv-hostengine, dcgm-exporter, nvidia-fabricmanager), reset the GPU with"
         " nvidia-smi -r -i <index>, or reboot the node."
     ),
-    "held_by_protected": (
+    _reasons.HELD_BY_PROTECTED: (
         "gpuops.clean_slate.gpu_procs_kill never ends a protected daemon, so the GPU stays held while it runs: stop it through"
         " its service (for example systemctl stop nvidia-dcgm), or, if it must go with the job, take it off the protect list"
         " with gpu_procs_kill's unprotect (clean_slate_unprotect in the role)."
     ),
-    "gpu_lost": "drain the node and reboot or power-cycle it; check dmesg for Xid 79.",
-    "needs_reset": (
+    _reasons.GPU_LOST: "drain the node and reboot or power-cycle it; check dmesg for Xid 79.",
+    _reasons.NEEDS_RESET: (
         "the driver asks for recovery before the GPU is used again: stop its management daemons and reset it"
         " (nvidia-smi -r -i <index>), or reboot if the action is node_reboot."
     ),
-    "unsupported": "this GPU does not report its memory use (unified-memory platforms such as GB10); it cannot be verified by memory.",
-    "unresponsive": "the driver timed out answering; the GPU may be hung. Check dmesg for Xid errors; a reset or reboot may be needed.",
+    _reasons.UNSUPPORTED: "this GPU does not report its memory use (unified-memory platforms such as GB10); it cannot be verified by memory.",
+    _reasons.UNRESPONSIVE: "the driver timed out answering; the GPU may be hung. Check dmesg for Xid errors; a reset or reboot may be needed.",
 }
 
 
@@ -136,21 +147,15 @@ class Criteria:
 def quick_judge(reading: Reading, criteria: Criteria) -> tuple[bool, str | None]:
     """(clean, terminal diagnosis or None) from one reading, without scanning /proc."""
     if reading.error is not None:
-        reason = reading.error.reason
-        if reason == "gpu_lost":
-            return False, "gpu_lost"
-        if reason == "not_supported":
-            return False, "unsupported"
-        if reason == "needs_reset":
-            return False, "needs_reset"
-        return False, None
+        # What waiting cannot change ends the polling early; anything else (a timeout) may pass.
+        return False, _TERMINAL_ERRORS.get(reading.error.reason)
     used = reading.used_mib
     if used is None or used > criteria.max_used_mib:
         return False, None
     if criteria.require_no_processes and reading.processes:
         return False, None
     if reading.recovery_action not in (None, 0):
-        return False, "needs_reset"
+        return False, _reasons.NEEDS_RESET
     return True, None
 
 
@@ -192,13 +197,13 @@ def diagnose(
     clean, terminal = quick_judge(reading, criteria)
     gpu = reading.gpu
     if clean:
-        return "clean", "clean", []
-    if terminal in ("gpu_lost", "unsupported"):
+        return _reasons.CLEAN, "clean", []
+    if terminal in (_reasons.GPU_LOST, _reasons.UNSUPPORTED):
         return terminal, t.cast(NvmlError, reading.error).msg if reading.error else ADVICE[terminal], []
     if reading.error is not None:
-        if reading.error.reason == "timeout":
-            return "unresponsive", f"{reading.error.msg} {ADVICE['unresponsive']}", []
-        return "unsupported", reading.error.msg, []
+        if reading.error.reason == _reasons.TIMEOUT:
+            return _reasons.UNRESPONSIVE, f"{reading.error.msg} {ADVICE[_reasons.UNRESPONSIVE]}", []
+        return _reasons.UNSUPPORTED, reading.error.msg, []
     used = reading.used_mib or 0
     listed_on = nvml_minors or {}
     visible_listed = sorted(p.pid for p in reading.processes if os.path.exists(f"/proc/{p.pid}") and p.pid not in own)
@@ -233,22 +238,26 @@ def diagnose(
         daemons = protected_daemons(holding, protect)
         if len(daemons) == len(holding):
             what = ", ".join(f"{pid} ({name})" for pid, name in daemons.items())
-            return "held_by_protected", f"{used} MiB used, held by protected daemon PID(s) {what}.{extra} {ADVICE['held_by_protected']}", holding
+            return _reasons.HELD_BY_PROTECTED, f"{used} MiB used, held by protected daemon PID(s) {what}.{extra} {ADVICE[_reasons.HELD_BY_PROTECTED]}", holding
         if daemons:
             extra += f" PID(s) {', '.join(map(str, daemons))} are protected daemons, which gpu_procs_kill will not end."
-        return "busy", f"{used} MiB used, held by PID(s) {names}.{extra} {ADVICE['busy']}", holding
+        return _reasons.BUSY, f"{used} MiB used, held by PID(s) {names}.{extra} {ADVICE[_reasons.BUSY]}", holding
     if used > criteria.max_used_mib or reading.processes:
         # Inside a container, host-held memory and an orphaned context look alike; the driver's
         # recovery action tells them apart when it asks for a reset.
         flagged = reading.recovery_action not in (None, 0)
         if invisible_listed or (not flagged and not _proctable.in_initial_pidns()):
             listed = f" NVML lists PID(s) {', '.join(map(str, invisible_listed))}, not visible here." if invisible_listed else ""
-            return "held_outside_namespace", f"{used} MiB used and no process in this PID namespace holds it.{listed} {ADVICE['held_outside_namespace']}", []
+            return (
+                _reasons.HELD_OUTSIDE_NAMESPACE,
+                f"{used} MiB used and no process in this PID namespace holds it.{listed} {ADVICE[_reasons.HELD_OUTSIDE_NAMESPACE]}",
+                [],
+            )
         action = recovery_action_name(reading.recovery_action)
         hint = f" The driver's recovery action is {action}." if action and action != "none" else ""
-        return "orphaned_context", f"{used} MiB used with no process holding it.{hint} {ADVICE['orphaned_context']}", []
+        return _reasons.ORPHANED_CONTEXT, f"{used} MiB used with no process holding it.{hint} {ADVICE[_reasons.ORPHANED_CONTEXT]}", []
     action = recovery_action_name(reading.recovery_action)
-    return "needs_reset", f"memory is free but the driver's recovery action is {action}. {ADVICE['needs_reset']}", []
+    return _reasons.NEEDS_RESET, f"memory is free but the driver's recovery action is {action}. {ADVICE[_reasons.NEEDS_RESET]}", []
 
 
 def gpu_report(reading: Reading, diagnosis: str, detail: str, clean: bool) -> dict[str, t.Any]:
@@ -270,7 +279,7 @@ def gpu_report(reading: Reading, diagnosis: str, detail: str, clean: bool) -> di
             for p in reading.processes
         ],
         "recovery_action": recovery_action_name(reading.recovery_action),
-        "clean": clean,
+        _reasons.CLEAN: clean,
         "diagnosis": diagnosis,
         "detail": detail,
     }
@@ -359,3 +368,89 @@ def failure_message(outcome: Outcome, expected_total: int) -> str:
     for g in dirty:
         parts.append(f"GPU {g['index']} ({g['uuid'] or 'uuid unknown'}): {g['diagnosis']}: {g['detail']}")
     return " ".join(parts)
+
+
+# ---------------------------------------------------------------------- the gpu_mem_verify module
+def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
+    """Reject bad input before touching the GPUs; returns the parsed GPU selectors."""
+    _checks.number("timeout", params["timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("interval", params["interval"], 0.001, 60, unit="seconds")
+    _checks.number("max_used_mib", params["max_used_mib"], 0, 1048576, unit="MiB")
+    _checks.number("expected_count", params["expected_count"], 0, 1024)
+    _checks.existing_dir("device_dir", params["device_dir"])
+    return _nvml.parse_gpu_selectors(params["gpus"])
+
+
+def python_facts() -> dict[str, t.Any]:
+    """The target interpreter and which of the collection's Python dependencies it lacks (by package name)."""
+    wanted = (("pynvml", "nvidia-ml-py"), ("psutil", "psutil"), ("jmespath", "jmespath"))
+    missing = [package for module_name, package in wanted if importlib.util.find_spec(module_name) is None]
+    return {"executable": sys.executable, "version": platform.python_version(), "missing": missing}
+
+
+def verdict(outcome: Outcome, every_gpu: list[Gpu], selected: int, expected_count: int | None) -> tuple[str | None, str]:
+    """(failure reason or None, message) of a verification: dirty selected GPUs, then too few healthy ones.
+
+    A GPU that fell off the bus still counts in the driver's total but not as healthy, so
+    ``expected_count`` catches a node that lost one (NVML lists it with an error).
+    """
+    problems = []
+    reason = None
+    healthy = sum(1 for g in every_gpu if g.error is None or g.error.reason != _reasons.GPU_LOST)
+    if expected_count is not None and healthy < expected_count:
+        lost = [str(g.index) for g in every_gpu if g.error is not None and g.error.reason == _reasons.GPU_LOST]
+        lost_text = f" (lost: GPU {', '.join(lost)})" if lost else ""
+        problems.append(f"expected {expected_count} GPUs, found {healthy} healthy of {len(every_gpu)}{lost_text}.")
+        reason = _reasons.MISSING_GPUS
+    if outcome.clean_count < selected:
+        problems.append(failure_message(outcome, selected))
+        reason = _reasons.NOT_CLEAN
+    if problems:
+        return reason, " ".join(problems)
+    return None, f"{outcome.clean_count}/{selected} GPUs clean in {outcome.elapsed_s:.2f} s"
+
+
+def run(module: t.Any) -> dict[str, t.Any]:
+    """The gpu_mem_verify module: read the GPUs until they are clean or the timeout passes, then judge.
+
+    Raises :class:`CleanSlateError` carrying the whole result when a GPU is not clean (or too few are
+    healthy) and ``fail_on_dirty`` is set.
+    """
+    started = datetime.datetime.now()
+    p = module.params
+    selectors = validate(p)
+    files_problem = _nvml.device_files_problem(p["device_dir"])
+    if files_problem:
+        module.warn(f"The GPU device files cannot be used ({files_problem}): holders of a GPU that is not clean can be named only if NVML lists them.")
+    with NvmlSession() as session:
+        every = session.gpus()
+        selected = _nvml.select_gpus(every, selectors)
+        criteria = Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
+        outcome = poll_until_clean(session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=every)
+        driver = session.driver_version()
+    if outcome.unreadable:
+        module.warn(
+            f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
+            " lists it; run with become: true."
+        )
+    reason, msg = verdict(outcome, every, len(selected), p["expected_count"])
+    result = {
+        "changed": False,
+        "clean": reason is None,
+        "msg": msg,
+        "gpus": outcome.gpus,
+        "gpu_count": len(every),
+        "clean_count": outcome.clean_count,
+        "elapsed_s": round(outcome.elapsed_s, 4),
+        "start": str(started),
+        "end": str(datetime.datetime.now()),
+        "time_to_clean_s": None if outcome.time_to_clean_s is None else round(outcome.time_to_clean_s, 4),
+        "polls": outcome.polls,
+        "driver_version": driver,
+        "notes": outcome.notes,
+        "python": python_facts(),
+    }
+    if reason is not None and p["fail_on_dirty"]:
+        details = {k: v for k, v in result.items() if k != "msg"}
+        raise CleanSlateError(msg, reason=reason, **details)
+    return result

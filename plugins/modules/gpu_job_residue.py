@@ -32,6 +32,7 @@ description:
     that do not reap them. It signals no process.
 extends_documentation_fragment:
   - gpuops.clean_slate._attributes
+  - gpuops.clean_slate._containers
 attributes:
   check_mode:
     support: full
@@ -112,16 +113,11 @@ options:
     default: []
   containers:
     description:
-      - On a Proxmox VE hypervisor, work inside these LXC containers (by vmid) instead of on the host, through the
-        root and the network namespace of each container's init (from C(pct status <vmid> --verbose)).
+      - On a Proxmox VE hypervisor, work inside these LXC containers (by vmid, 100 to 999999999) instead of on the
+        host, through the root and the network namespace of each container's init (from C(pct status <vmid> --verbose)).
     type: list
     elements: int
     default: []
-  pct_path:
-    description:
-      - Path of the C(pct) command used to resolve O(containers). Found on E(PATH) and in C(/usr/sbin) by default;
-        C(lxc-info) is used when there is no C(pct).
-    type: path
   ports:
     description:
       - TCP ports the next server needs. Each is reported as V(free), V(listening) (a live listener, so the next
@@ -134,6 +130,7 @@ options:
     description:
       - Seconds to wait for ports that are only in V(time_wait) to become free. V(0) reports them at once, with the
         time left.
+      - From 0 to 86400 (one day); a number that is not finite is refused with RV(reason=bad_arguments).
     type: float
     default: 0
   patterns:
@@ -160,7 +157,8 @@ options:
     default: [listening]
   list_limit:
     description:
-      - The most entries each list of the result holds; the counts in RV(summary) always cover everything.
+      - The most entries each list of the result holds, from 0 to 1000000; the counts in RV(summary) always cover
+        everything.
     type: int
     default: 200
 requirements:
@@ -367,8 +365,11 @@ notes:
   elements: str
   sample: []
 reason:
-  description: Why the module failed - V(port_in_use), V(port_connected), V(port_time_wait), V(remove_failed),
-    V(scan_incomplete), V(bad_arguments), V(not_running), V(no_such_container) or V(internal_error).
+  description:
+    - Why the module failed - V(port_in_use), V(port_connected), V(port_time_wait), V(remove_failed),
+      V(scan_incomplete), V(bad_arguments), V(not_running), V(no_such_container) or V(pct_failed) (resolving
+      O(containers)), or V(internal_error).
+    - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str
   sample: port_in_use
@@ -379,50 +380,11 @@ elapsed_s:
   sample: 0.12
 """
 
-import time
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _residue, _scope
-from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
-
-
-def build_request(module: AnsibleModule) -> _residue.Request:
-    """Validate every option; raises before anything is looked at or removed."""
-    p = module.params
-    globs = [_residue.parse_glob(kind, pattern) for kind in _residue.KINDS for pattern in p[kind]]
-    if p["time_wait_timeout"] < 0:
-        raise CleanSlateError(f"time_wait_timeout must be >= 0 seconds, got {p['time_wait_timeout']}.", reason="bad_arguments")
-    if p["list_limit"] < 0:
-        raise CleanSlateError(f"list_limit must be >= 0, got {p['list_limit']}.", reason="bad_arguments")
-    for vmid in p["containers"]:
-        if not 100 <= vmid <= 999999999:
-            raise CleanSlateError(f"containers: {vmid} is not a valid Proxmox vmid (100-999999999).", reason="bad_arguments")
-    ports = _residue.validate_ports(p["ports"])
-    patterns = _procs.compile_patterns(p["patterns"])
-    protect = _procs.protect_list(p["protect"], [])
-    scopes = []
-    if p["containers"]:
-        pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
-        lxc_info = None if pct else module.get_bin_path("lxc-info", opt_dirs=["/usr/bin", "/usr/sbin"])
-        scopes = _scope.resolve(p["containers"], lambda argv, data, binary: module.run_command(argv, data=data, binary_data=binary), pct, lxc_info)
-    return _residue.Request(
-        globs=globs,
-        remove=set(p["remove"]),
-        users=p["users"],
-        scopes=scopes,
-        ports=ports,
-        time_wait_timeout=p["time_wait_timeout"],
-        patterns=patterns,
-        protect=protect,
-        fail_on=set(p["fail_on"]),
-        list_limit=p["list_limit"],
-    )
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _pct, _residue
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = _module.Module(
         argument_spec={
             "shm": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_SHM)},
             "sockets": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_SOCKETS)},
@@ -430,34 +392,18 @@ def main() -> None:
             "dirs": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_DIRS)},
             "remove": {"type": "list", "elements": "str", "choices": list(_residue.KINDS), "default": list(_residue.DEFAULT_REMOVE)},
             "users": {"type": "list", "elements": "str", "default": []},
-            "containers": {"type": "list", "elements": "int", "default": []},
-            "pct_path": {"type": "path"},
             "ports": {"type": "list", "elements": "int", "default": []},
             "time_wait_timeout": {"type": "float", "default": 0},
             "patterns": {"type": "list", "elements": "str", "default": []},
             "protect": {"type": "list", "elements": "str", "default": []},
             "fail_on": {"type": "list", "elements": "str", "choices": list(_residue.FAIL_ON), "default": ["listening"]},
             "list_limit": {"type": "int", "default": 200},
+            **_pct.SCOPE_OPTIONS,
         },
         supports_check_mode=True,
-    )
-    start = time.monotonic()
-    try:
-        result = _residue.run(build_request(module), module.check_mode)
-    except CleanSlateError as exc:
-        out = exc.result()
-        out.setdefault("summary", {})
-        module.fail_json(elapsed_s=round(time.monotonic() - start, 4), **out)
-    except Exception as exc:
-        module.fail_json(msg=f"gpu_job_residue failed unexpectedly: {exc}", reason="internal_error", exception=traceback.format_exc())
-    result["elapsed_s"] = round(time.monotonic() - start, 4)
-    if module._diff:  # pylint: disable=protected-access
-        gone = [r["path"] for r in result["removed"]]
-        left = [] if module.check_mode else [r["path"] for r in result["errors"]]
-        result["diff"] = {"before": "".join(p + "\n" for p in gone + left), "after": "".join(p + "\n" for p in left)}
-        if module.check_mode:
-            result["diff"]["after"] = ""
-    module.exit_json(**result)
+    ).ready()
+    run = _residue.ModuleRun(_pct.scopes_of(module))
+    _module.finish(module, run, "gpu_job_residue", details=run.details)
 
 
 if __name__ == "__main__":

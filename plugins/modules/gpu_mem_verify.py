@@ -171,15 +171,26 @@ driver_version:
   type: str
   sample: 580.159.04
 diagnosis:
-  description: Why the GPUs could not be read at all (for example V(driver_library_mismatch), V(driver_not_loaded), V(library_not_found)).
-  returned: on failure to read the GPUs
+  description:
+    - Deprecated alias of RV(reason), with the same value on every failure; it will be removed in release 1.0.0. Read
+      RV(reason) instead.
+    - Each GPU's own verdict is RV(gpus[].diagnosis), which stays.
+  returned: failure
   type: str
   sample: driver_not_loaded
+msg:
+  description: How many GPUs are clean and how long it took; otherwise every GPU that is not clean, why, and what to do.
+  returned: always
+  type: str
+  sample: 8/8 GPUs clean in 0.11 s
 reason:
   description:
     - Why the module failed, on every failure. V(not_clean) (a selected GPU is not clean at the deadline; each GPU's
       RV(gpus[].diagnosis) says why), V(missing_gpus) (fewer healthy GPUs than O(expected_count)), V(bad_arguments),
-      V(missing_library), V(internal_error), or the same value as RV(diagnosis) when the GPUs cannot be read.
+      V(missing_library), V(internal_error), or, when the GPUs cannot be read, V(library_not_found),
+      V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
+      V(needs_reset) or V(nvml_error) (NVML failed; the message says why and what to do).
+    - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str
   sample: not_clean
@@ -262,95 +273,16 @@ gpus:
       sample: clean
 """
 
-import datetime
-import importlib.util
-import platform
-import sys
-import traceback
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _verify
-from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
-
-# Reasons this module fails with, besides bad_arguments and the diagnoses of a driver that cannot be read.
-NOT_CLEAN = "not_clean"
-MISSING_GPUS = "missing_gpus"
-MISSING_LIBRARY = "missing_library"
-INTERNAL_ERROR = "internal_error"
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _nvml, _verify
 
 
-def python_facts() -> dict:
-    """The target interpreter and which of the collection's Python dependencies it lacks."""
-    wanted = (("pynvml", "nvidia-ml-py"), ("psutil", "psutil"), ("jmespath", "jmespath"))
-    missing = [package for module_name, package in wanted if importlib.util.find_spec(module_name) is None]
-    return {"executable": sys.executable, "version": platform.python_version(), "missing": missing}
-
-
-def validate(params: dict) -> list:
-    """Reject bad input before touching the GPUs; returns the parsed GPU selectors."""
-    _checks.number("timeout", params["timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
-    _checks.number("interval", params["interval"], 0.001, 60, unit="seconds")
-    _checks.number("max_used_mib", params["max_used_mib"], 0, 1048576, unit="MiB")
-    _checks.number("expected_count", params["expected_count"], 0, 1024)
-    _checks.existing_dir("device_dir", params["device_dir"])
-    return _nvml.parse_gpu_selectors(params["gpus"])
-
-
-def run(module: AnsibleModule) -> dict:
-    started = datetime.datetime.now()
-    p = module.params
-    selectors = validate(p)
-    files_problem = _nvml.device_files_problem(p["device_dir"])
-    if files_problem:
-        module.warn(f"The GPU device files cannot be used ({files_problem}): holders of a GPU that is not clean can be named only if NVML lists them.")
-    with _nvml.NvmlSession() as session:
-        all_gpus = session.gpus()
-        selected = _nvml.select_gpus(all_gpus, selectors)
-        criteria = _verify.Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
-        outcome = _verify.poll_until_clean(
-            session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=all_gpus
-        )
-        driver = session.driver_version()
-    if outcome.unreadable:
-        module.warn(
-            f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
-            " lists it; run with become: true."
-        )
-    healthy = sum(1 for g in all_gpus if g.error is None or g.error.reason != "gpu_lost")
-    result = {
-        "changed": False,
-        "gpus": outcome.gpus,
-        "gpu_count": len(all_gpus),
-        "clean_count": outcome.clean_count,
-        "elapsed_s": round(outcome.elapsed_s, 4),
-        "start": str(started),
-        "end": str(datetime.datetime.now()),
-        "time_to_clean_s": None if outcome.time_to_clean_s is None else round(outcome.time_to_clean_s, 4),
-        "polls": outcome.polls,
-        "driver_version": driver,
-        "notes": outcome.notes,
-        "python": python_facts(),
-    }
-    problems = []
-    if p["expected_count"] is not None and healthy < p["expected_count"]:
-        lost = [str(g.index) for g in all_gpus if g.error is not None and g.error.reason == "gpu_lost"]
-        lost_text = f" (lost: GPU {', '.join(lost)})" if lost else ""
-        problems.append(f"expected {p['expected_count']} GPUs, found {healthy} healthy of {len(all_gpus)}{lost_text}.")
-    if outcome.clean_count < len(selected):
-        problems.append(_verify.failure_message(outcome, len(selected)))
-    result["clean"] = not problems
-    if problems:
-        result["msg"] = " ".join(problems)
-        if p["fail_on_dirty"]:
-            module.fail_json(reason=NOT_CLEAN if outcome.clean_count < len(selected) else MISSING_GPUS, **result)
-    else:
-        result["msg"] = f"{outcome.clean_count}/{len(selected)} GPUs clean in {outcome.elapsed_s:.2f} s"
-    return result
+def failure_details(reason: str) -> dict:
+    """What every failure of this module carries: not clean, no GPU read, the interpreter, and the deprecated alias."""
+    return {"clean": False, "gpus": [], "python": _verify.python_facts(), "diagnosis": reason}
 
 
 def main() -> None:
-    module = _checks.Module(
+    module = _module.Module(
         argument_spec={
             "gpus": {"type": "list", "elements": "raw", "default": []},
             "expected_count": {"type": "int"},
@@ -363,24 +295,8 @@ def main() -> None:
         },
         supports_check_mode=True,
     ).ready()
-    if not _nvml.HAS_PYNVML:
-        module.fail_json(
-            msg=missing_required_lib("nvidia-ml-py"),
-            exception=_nvml.PYNVML_IMPORT_ERROR,
-            diagnosis=MISSING_LIBRARY,
-            reason=MISSING_LIBRARY,
-            clean=False,
-            python=python_facts(),
-        )
-    try:
-        module.exit_json(**run(module))
-    except CleanSlateError as exc:
-        module.fail_json(diagnosis=exc.reason, clean=False, gpus=[], python=python_facts(), **exc.result())
-    except Exception as exc:  # pylint: disable=broad-exception-caught
-        # A bug must still reach the operator as a sentence, with the traceback kept for -vvv.
-        module.fail_json(
-            msg=f"gpu_mem_verify failed unexpectedly: {exc}", exception=traceback.format_exc(), diagnosis=INTERNAL_ERROR, reason=INTERNAL_ERROR, clean=False
-        )
+    nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
+    _module.finish(module, _verify.run, "gpu_mem_verify", libraries=[nvml], details=failure_details)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ description:
     P(gpuops.clean_slate.clean_slate#role) role does.
 extends_documentation_fragment:
   - gpuops.clean_slate._attributes
+  - gpuops.clean_slate._containers
 attributes:
   check_mode:
     support: full
@@ -143,12 +144,6 @@ options:
     type: list
     elements: int
     default: []
-  pct_path:
-    description:
-      - Path of the C(pct) command used to resolve O(containers). Found on E(PATH) and in C(/usr/sbin) by default;
-        C(lxc-info) is used when there is no C(pct).
-      - When set, it must name an executable file, or the module fails with RV(reason=bad_arguments).
-    type: path
   where:
     description:
       - A JMESPath expression applied to the list of candidate records (C(pid), C(name), C(cmdline), C(user), C(gpus),
@@ -348,12 +343,21 @@ remaining:
   type: list
   elements: dict
   sample: [{"pid": 5120, "name": "sglang::schedul", "reasons": ["holds nvidia0 (fd+mmap)"]}]
+msg:
+  description: What was ended, in one sentence; on failure, what went wrong and what to do.
+  returned: always
+  type: str
+  sample: ended 9 process(es); 1 protected
 reason:
   description:
     - Why the module failed. V(bad_arguments) (refused before anything was signalled), V(no_discovery_source) (no
       GPU discovery source and no O(allow_name_only)), V(unkillable) (a target survived SIGKILL), V(holders_remain)
-      (processes still found after O(deadline)), V(not_running)/V(no_such_container) (O(containers)),
-      V(missing_library), V(internal_error), or an NVML diagnosis when selecting GPUs needs the driver.
+      (processes still found after O(deadline)), V(not_running), V(no_such_container) or V(pct_failed) (resolving
+      O(containers)), V(missing_library), V(internal_error) (a bug; RV(targets) still lists every signal sent), or,
+      when selecting GPUs needs the driver, V(library_not_found), V(driver_not_loaded), V(driver_library_mismatch),
+      V(no_permission), V(not_supported), V(timeout), V(gpu_lost), V(needs_reset) or V(nvml_error) (NVML failed; the
+      message says why and what to do).
+    - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str
   sample: holders_remain
@@ -397,136 +401,11 @@ elapsed_s:
   sample: 0.21
 """
 
-import dataclasses
-import datetime
-import time
-import traceback
-import typing as t
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _kill, _nvml, _procs, _scope, _signals
-from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
-
-MISSING_LIBRARY = "missing_library"
-INTERNAL_ERROR = "internal_error"
-
-
-def build_request(module: AnsibleModule, notes: list, warnings: list) -> tuple[_procs.Request, t.Callable[[], _procs.Request]]:
-    """Validate every option and gather NVML facts; raises before anything is signalled.
-
-    Returns the request and a function giving it again with NVML's process lists re-read, for later rounds.
-    """
-    p = module.params
-    _kill.validate(p)
-    selectors = _nvml.parse_gpu_selectors(p["gpus"])
-    patterns = _procs.compile_patterns(p["patterns"])
-    users = _procs.resolve_users(p["users"])
-    protect = _procs.protect_list(p["protect"], p["unprotect"])
-    where = None
-    if p["where"]:
-        # Imported only when needed: every module run pays for its imports.
-        try:
-            import jmespath
-        except ImportError:
-            module.fail_json(msg=missing_required_lib("jmespath"), exception=traceback.format_exc(), reason=MISSING_LIBRARY)
-        try:
-            where = jmespath.compile(p["where"])
-        except jmespath.exceptions.JMESPathError as exc:
-            raise CleanSlateError(f"where: {p['where']!r} is not a valid JMESPath expression: {exc}", reason="bad_arguments") from None
-
-    use_nvml = "nvml" in p["discovery"]
-    facts = _nvml.gpus_and_processes(selectors, use_nvml, p["device_dir"], notes)
-    files_ok = _kill.sources(p, facts, patterns, warnings)
-    scopes = []
-    if p["containers"]:
-        pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
-        lxc_info = None if pct else module.get_bin_path("lxc-info", opt_dirs=["/usr/bin", "/usr/sbin"])
-        # Nothing of ours is ever expanded on the host: the vmid and pct's words go through as given.
-        scopes = _scope.resolve(
-            p["containers"], lambda argv, data, binary: module.run_command(argv, data=data, binary_data=binary, expand_user_and_vars=False), pct, lxc_info
-        )
-    request = _procs.Request(
-        gpus=facts.selected,
-        all_gpus=not selectors,
-        nvml_processes=facts.processes,
-        every_gpu=facts.every,
-        use_nvml=use_nvml,
-        use_device_files=files_ok,
-        patterns=patterns,
-        users=users,
-        include_children=p["include_children"],
-        process_group=p["process_group"],
-        scopes=scopes,
-        device_dir=p["device_dir"],
-        protect=protect,
-        kill_management_clients=p["kill_management_clients"],
-        where=where,
-    )
-
-    def fresh() -> _procs.Request:
-        if not use_nvml or facts.nvml_problem:
-            return request
-        again = _nvml.gpus_and_processes(selectors, True, p["device_dir"], [])
-        return dataclasses.replace(request, nvml_processes=again.processes)
-
-    return request, fresh
-
-
-def run(module: AnsibleModule) -> dict:
-    start = time.monotonic()
-    started = datetime.datetime.now()
-    p = module.params
-    notes: list = []
-    warnings: list = []
-    request, fresh = build_request(module, notes, warnings)
-    deadline = p["deadline"] if p["deadline"] is not None else min(_checks.MAX_SECONDS, 2 * (p["grace_period"] + p["kill_timeout"]))
-    discoveries = [0]
-
-    def discover() -> _procs.Plan:
-        discoveries[0] += 1
-        return _procs.discover(request if discoveries[0] == 1 else fresh())
-
-    kill = _kill.Kill(discover, first=p["signal"], grace_period=p["grace_period"], kill_timeout=p["kill_timeout"], deadline=deadline)
-    try:
-        if module.check_mode:
-            plan = kill.discover()
-            ended = [_kill.Ended(c, _signals.Victim(pid=c.pid, identity=c.identity), 0) for c in plan.targets]
-        else:
-            kill.run()
-            ended = kill.ended
-        notes.extend(n for n in kill.notes if n not in notes)
-        elapsed = time.monotonic() - start
-        diff = module._diff  # pylint: disable=protected-access
-        result, reason, warnings = _kill.outcome(kill, ended, module.check_mode, p["kill_timeout"], elapsed, notes, warnings, diff)
-        result.update(start=str(started), end=str(datetime.datetime.now()))
-        for warning in warnings:
-            module.warn(warning)
-        if reason:
-            module.fail_json(reason=reason, **result)
-        return result
-    except CleanSlateError as exc:
-        if kill.ended:
-            # Whatever failed, the operator must see every signal that was sent.
-            exc.details.setdefault("targets", kill.targets())
-            exc.details.setdefault("protected", kill.protected)
-        raise
-    except Exception as exc:
-        if not kill.ended:
-            raise
-        sent = sum(len(e.victim.signals_sent) for e in kill.ended)
-        raise CleanSlateError(
-            f"gpu_procs_kill failed unexpectedly after it had sent {sent} signal(s) to {len(kill.ended)} process(es): {exc}. targets lists every"
-            " signal sent; run the task again to finish, and report this bug.",
-            reason=INTERNAL_ERROR,
-            targets=kill.targets(),
-            protected=kill.protected,
-            exception=traceback.format_exc(),
-        ) from None
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _module, _pct, _signals
 
 
 def main() -> None:
-    module = _checks.Module(
+    module = _module.Module(
         argument_spec={
             "gpus": {"type": "list", "elements": "raw", "default": []},
             "discovery": {"type": "list", "elements": "str", "choices": ["nvml", "device_files"], "default": ["nvml", "device_files"]},
@@ -538,25 +417,20 @@ def main() -> None:
             "protect": {"type": "list", "elements": "str", "default": []},
             "unprotect": {"type": "list", "elements": "str", "default": []},
             "kill_management_clients": {"type": "bool", "default": False},
-            "containers": {"type": "list", "elements": "int", "default": []},
-            "pct_path": {"type": "path"},
             "where": {"type": "str"},
             "signal": {"type": "str", "choices": ["TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "KILL"], "default": "TERM"},
             "grace_period": {"type": "float", "default": 10},
             "kill_timeout": {"type": "float", "default": 10},
             "deadline": {"type": "float"},
             "device_dir": {"type": "path", "default": "/dev"},
+            **_pct.SCOPE_OPTIONS,
         },
         supports_check_mode=True,
     ).ready()
-    if not _signals.HAS_PSUTIL:
-        module.fail_json(msg=missing_required_lib("psutil"), reason=MISSING_LIBRARY)
-    try:
-        module.exit_json(**run(module))
-    except CleanSlateError as exc:
-        module.fail_json(**{"targets": [], "protected": [], **exc.result()})
-    except Exception as exc:  # pylint: disable=broad-exception-caught
-        module.fail_json(msg=f"gpu_procs_kill failed unexpectedly: {exc}", exception=traceback.format_exc(), reason=INTERNAL_ERROR, targets=[])
+    run = _kill.ModuleRun(_pct.scopes_of(module))
+    psutil = _module.Library("psutil", _signals.HAS_PSUTIL)
+    # Every failure lists every signal sent before it (run.details), whatever failed.
+    _module.finish(module, run, "gpu_procs_kill", libraries=[psutil], details=run.details)
 
 
 if __name__ == "__main__":

@@ -223,7 +223,8 @@ reason:
     - V(no_such_container) (not on this node, including a container of another cluster node), V(not_running),
       V(bad_arguments) (rejected before running, including a O(pct_path) that names no executable, or by pct),
       V(timeout), V(command_failed) (non-zero exit status), V(pct_failed) (pct or sudo failed otherwise, or there is
-      no pct on the node).
+      no pct on the node), V(internal_error) (a bug).
+    - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str
   sample: not_running
@@ -234,16 +235,11 @@ msg:
   sample: the command exited with rc 1 in container 129
 """
 
-import os
-import typing as t
-
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks
-from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
-from ansible_collections.gpuops.clean_slate.plugins.module_utils._pct import PctExec, local_node_name, validate_vmid
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _pct
 
 
 def main() -> None:
-    module = _checks.Module(
+    module = _module.Module(
         argument_spec={
             "vmid": {"type": "int", "required": True},
             "argv": {"type": "list", "elements": "str"},
@@ -264,54 +260,8 @@ def main() -> None:
         required_one_of=[("argv", "command")],
         supports_check_mode=True,
     ).ready()
-    p = module.params
-    vmid = p["vmid"]
-    try:
-        # Rejected before anything runs on the node.
-        validate_vmid(vmid)
-        _checks.number("timeout", p["timeout"], 1, _checks.MAX_SECONDS, unit="seconds")
-        _checks.number("kill_after", p["kill_after"], 0, 3600, unit="seconds")
-        _checks.executable("pct_path", p["pct_path"])
-        argv: list[str] = list(p["argv"]) if p["argv"] is not None else ["/bin/sh", "-c", p["command"]]
-        pct = p["pct_path"] or module.get_bin_path("pct", opt_dirs=["/usr/sbin"])
-        if not pct:
-            raise CleanSlateError("pct not found in PATH or /usr/sbin: is this a Proxmox VE node? (set pct_path otherwise)", reason="pct_failed", vmid=vmid)
-        sudo: list[str] = []
-        if os.geteuid() != 0:
-            found = module.get_bin_path("sudo")
-            if not found:
-                raise CleanSlateError(
-                    "pct needs root, and this user is not root and there is no sudo; connect as root or install sudo.", reason="pct_failed", vmid=vmid
-                )
-            sudo = [found, "-n"]
-
-        def run_command(cmd: list[str], data: str | None, binary_data: bool) -> tuple[int, str, str]:
-            # run_command expands $VAR and ~ in every word by default, with the node's environment: the user's
-            # words must reach the container as written, and cmd must be what ran.
-            rc, out, err = module.run_command(cmd, data=data, binary_data=binary_data, expand_user_and_vars=False)
-            return rc, out, err
-
-        runner = PctExec(pct, run_command, sudo=sudo, node=p["node"] or local_node_name())
-        result: dict[str, t.Any] = runner.run(
-            vmid,
-            argv,
-            keep_env=p["keep_env"],
-            timeout=p["timeout"],
-            kill_after=p["kill_after"],
-            env=p["env"],
-            chdir=p["chdir"],
-            stdin=p["stdin"],
-            stdin_add_newline=p["stdin_add_newline"],
-            creates=p["creates"],
-            removes=p["removes"],
-            check_mode=module.check_mode,
-        )
-    except CleanSlateError as exc:
-        details = exc.result()
-        details.setdefault("vmid", vmid)
-        module.fail_json(**details)
-    result.setdefault("msg", "" if result.get("rc") is None else f"the command exited with rc {result['rc']} in container {vmid}")
-    module.exit_json(**result)
+    # Every failure names the container it was about.
+    _module.finish(module, _pct.execute, "pct_exec", details=lambda reason: {"vmid": module.params["vmid"]})
 
 
 if __name__ == "__main__":

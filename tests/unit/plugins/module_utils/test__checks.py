@@ -1,12 +1,10 @@
-"""_checks: numbers must be finite and in range, paths must exist, every failure carries a reason."""
+"""_checks: numbers must be finite and in range, paths must exist, vmids in Proxmox's range; each refusal names its option."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
@@ -50,19 +48,37 @@ def test_paths(tmp_path) -> None:
             _checks.executable("pct_path", str(not_runnable))
 
 
-def run_module(args: dict, capsys, ready: bool = True, fail: dict | None = None) -> dict:
-    with patch_module_args(args), pytest.raises(SystemExit):
-        module = _checks.Module(argument_spec={"count": {"type": "int", "required": True}})
-        if ready:
-            module.ready()
-        module.fail_json(**(fail or {"msg": "x"}))
-    return json.loads(capsys.readouterr().out)
+@pytest.mark.parametrize("value", [100, 129, 999_999_999])
+def test_vmids_in_proxmox_range_pass(value) -> None:
+    assert _checks.vmid("containers", value) == value
 
 
-def test_every_failure_carries_a_reason(capsys) -> None:
-    # Ansible's own argument checks fail inside the constructor: bad arguments.
-    assert run_module({"count": "many"}, capsys)["reason"] == "bad_arguments"
-    assert run_module({}, capsys)["reason"] == "bad_arguments"
-    # Afterwards a failure that forgot its reason is an internal error; a given reason is kept.
-    assert run_module({"count": 1}, capsys)["reason"] == "internal_error"
-    assert run_module({"count": 1}, capsys, fail={"msg": "x", "reason": "not_clean"})["reason"] == "not_clean"
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (99, "containers: 99 is not a valid Proxmox vmid (100-999999999)."),
+        (0, "containers: 0 is not a valid Proxmox vmid (100-999999999)."),
+        (-5, "containers: -5 is not a valid Proxmox vmid (100-999999999)."),
+        (1_000_000_000, "containers: 1000000000 is not a valid Proxmox vmid (100-999999999)."),
+        # Not an integer at all: a bool is an int to Python, and a string is what a template may leave.
+        (True, "containers: True is not a valid Proxmox vmid (an integer from 100 to 999999999)."),
+        ("129", "containers: '129' is not a valid Proxmox vmid (an integer from 100 to 999999999)."),
+    ],
+)
+def test_vmids_outside_proxmox_range_are_refused_naming_the_option(value, message) -> None:
+    with pytest.raises(CleanSlateError) as err:
+        _checks.vmid("containers", value)
+    assert (err.value.msg, err.value.reason, err.value.details["option"]) == (message, "bad_arguments", "containers")
+
+
+def test_every_refusal_names_its_option(tmp_path) -> None:
+    for call in (
+        lambda: _checks.number("interval", math.nan, 0, 1),
+        lambda: _checks.existing_dir("device_dir", str(tmp_path / "nope")),
+        lambda: _checks.executable("pct_path", str(tmp_path / "nope")),
+        lambda: _checks.vmid("vmid", 5),
+    ):
+        with pytest.raises(CleanSlateError) as err:
+            call()
+        assert err.value.reason == "bad_arguments"
+        assert err.value.msg.startswith(err.value.details["option"]), err.value.msg

@@ -15,6 +15,7 @@ import pytest
 from support.orphans import end, gone, spawn_orphan
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _procs, _signals
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 # A launcher that ignores SIGTERM (so do the children it forks and execs) and starts a child every 50 ms.
 LAUNCHER = textwrap.dedent(
@@ -151,3 +152,34 @@ def test_remaining_processes_fail_the_run() -> None:
     assert result["msg"].startswith(
         "1 process(es) were still there after 41.0 s and 3 round(s) of ending (0 process(es) appeared during the kill): PID 20 (w)."
     )
+
+
+def test_where_is_compiled_only_when_given_and_a_bad_one_names_the_option() -> None:
+    assert _kill.compile_where(None) is None and _kill.compile_where("") is None
+    assert _kill.compile_where("[?used_mib > `1024`]").search([{"used_mib": 2048}, {"used_mib": 10}]) == [{"used_mib": 2048}]
+    with pytest.raises(CleanSlateError) as err:
+        _kill.compile_where("[?used_mib >")
+    assert (err.value.reason, err.value.details["option"]) == ("bad_arguments", "where")
+    assert err.value.msg.startswith("where: '[?used_mib >' is not a valid JMESPath expression")
+
+
+def test_options_are_refused_before_any_container_is_looked_up(tmp_path) -> None:
+    looked_up = []
+    p = {
+        "grace_period": 1,
+        "kill_timeout": 1,
+        "deadline": None,
+        "containers": [42],
+        "device_dir": str(tmp_path),
+        "pct_path": None,
+        "discovery": ["device_files"],
+        "patterns": [],
+    }
+    with pytest.raises(CleanSlateError) as err:
+        _kill.build_request(p, lambda: looked_up.append(1) or [], [], [])
+    assert err.value.details["option"] == "containers" and looked_up == []
+
+
+def test_a_run_that_failed_before_its_kill_lists_no_signal() -> None:
+    run = _kill.ModuleRun(list)
+    assert run.details("bad_arguments") == {"targets": [], "protected": []}

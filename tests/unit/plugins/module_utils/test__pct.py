@@ -1,12 +1,13 @@
-"""Unit tests for plugins/module_utils/_pct.py: command lines, pct error classification, timeouts."""
+"""Unit tests for plugins/module_utils/_pct.py: command lines, pct error classification, timeouts, containers as scopes."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _pct
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _pct, _proctable
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._pct import PctExec, classify_pct_error
 
@@ -243,3 +244,91 @@ def test_local_node_name_reads_etc_pve_local(tmp_path):
     assert _pct.local_node_name(str(link)) == "gpu-node-7"
     # Without /etc/pve/local (not a PVE node, or pmxcfs down): the short host name, as PVE names nodes.
     assert _pct.local_node_name(str(tmp_path / "absent")) == socket.gethostname().split(".")[0]
+
+
+# ---------------------------------------------------------------------- containers as scopes (the Proxmox lookup)
+def verbose(status: str, pid: int | str | None) -> tuple[int, str, str]:
+    lines = f"status: {status}\n" + (f"pid: {pid}\n" if pid is not None else "") + "name: ct\n"
+    return (0, lines, "")
+
+
+def test_a_running_containers_init_gives_its_scope() -> None:
+    # Its init is a real process: this one, so that its PID namespace can be read.
+    fake = FakeRunner({"status": [verbose("running", os.getpid())]})
+    [scope] = _pct.scopes([129], fake, "/usr/sbin/pct", None)
+    assert (scope.vmid, scope.init_pid, scope.pidns) == (129, os.getpid(), _proctable.pidns_inode(os.getpid()))
+    assert fake.calls[0][0] == ["/usr/sbin/pct", "status", "129", "--verbose"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason", "message"),
+    [
+        (verbose("stopped", None), "not_running", "containers: container 129 is not running (status: stopped)"),
+        (verbose("running", None), "not_running", "containers: could not find the init process of container 129."),
+        (verbose("running", _proctable.pid_max() + 5), "not_running", "is not visible here; run the task on the hypervisor itself."),
+        (
+            (255, "", "Configuration file 'nodes/pve2/lxc/129.conf' does not exist\n"),
+            "no_such_container",
+            "containers: container 129 does not exist on node pve2",
+        ),
+        ((1, "", "sudo: a password is required\n"), "pct_failed", "containers: pct status 129 failed with rc 1 (pct needs root"),
+    ],
+)
+def test_a_container_that_cannot_be_scoped_is_named_with_its_reason(answer, reason, message) -> None:
+    with pytest.raises(CleanSlateError) as exc:
+        _pct.scopes([129], FakeRunner({"status": [answer]}), "/usr/sbin/pct", None)
+    assert exc.value.reason == reason and exc.value.details["vmid"] == 129
+    assert message in exc.value.msg and exc.value.msg.startswith("containers: ")
+
+
+class LxcInfo:
+    def __init__(self, rc: int, out: str, err: str = "") -> None:
+        self.answer = (rc, out, err)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], data: str | None, binary: bool) -> tuple[int, str, str]:
+        self.calls.append(argv)
+        return self.answer
+
+
+def test_without_pct_lxc_info_names_the_init() -> None:
+    run = LxcInfo(0, f"State:          RUNNING\nPID:            {os.getpid()}\n")
+    [scope] = _pct.scopes([129], run, None, "/usr/bin/lxc-info")
+    assert scope.init_pid == os.getpid() and run.calls == [["/usr/bin/lxc-info", "-n", "129", "-s", "-p"]]
+    with pytest.raises(CleanSlateError) as exc:
+        _pct.scopes([130], LxcInfo(1, "", "130 doesn't exist\n"), None, "/usr/bin/lxc-info")
+    assert (exc.value.reason, exc.value.msg) == ("no_such_container", "containers: container 130 does not exist here (130 doesn't exist).")
+
+
+def test_without_pct_or_lxc_info_containers_are_refused() -> None:
+    with pytest.raises(CleanSlateError) as exc:
+        _pct.scopes([129], LxcInfo(0, ""), None, None)
+    assert (exc.value.reason, exc.value.details["option"]) == ("bad_arguments", "containers")
+
+
+class Host:
+    """What the module helpers use of an AnsibleModule: get_bin_path and run_command, recorded."""
+
+    def __init__(self, bins: dict[str, str]) -> None:
+        self.bins = bins
+        self.runs: list[tuple[list[str], dict]] = []
+        self.params: dict = {}
+        self.check_mode = False
+
+    def get_bin_path(self, arg: str, required: bool = False, opt_dirs: list[str] | None = None) -> str | None:
+        return self.bins.get(arg)
+
+    def run_command(self, args, **kwargs) -> tuple[int, str, str]:
+        self.runs.append((args, kwargs))
+        return verbose("running", os.getpid())
+
+
+def test_the_modules_run_nothing_through_expansion() -> None:
+    host = Host({"pct": "/usr/sbin/pct"})
+    assert _pct.container_scopes(host, [], None) == [] and host.runs == []  # no containers: pct is not even looked for
+    [scope] = _pct.container_scopes(host, [129], None)
+    assert scope.vmid == 129
+    [(argv, kwargs)] = host.runs
+    # $VAR and ~ in a word must reach pct as written: run_command would expand them with the node's environment.
+    assert argv[:3] == ["/usr/sbin/pct", "status", "129"] and kwargs["expand_user_and_vars"] is False
+    assert _pct.find_pct(host, "/opt/pct") == "/opt/pct" and _pct.find_pct(Host({}), None) is None

@@ -1,12 +1,13 @@
-"""Pure parts of _procs: protection by name, patterns, option validation."""
+"""Pure parts of _procs: protection by name, patterns, option validation, and discovery's phases on made-up processes."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _scope
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 
@@ -188,3 +189,104 @@ def test_a_uid_without_a_passwd_entry_counts_when_a_process_runs_as_it() -> None
     finally:
         proc.kill()
         proc.wait()
+
+
+# ---------------------------------------------------------------------- discovery's phases, on a census of made-up processes
+def proc(pid: int, ppid: int, pgid: int, comm: str = "python3", exe: str = "/usr/bin/python3", state: str = "S", kernel: bool = False) -> _procs.ProcFacts:
+    return _procs.ProcFacts(pid=pid, comm=comm, cmdline=comm, exe=exe, uid=1000, ppid=ppid, pgid=pgid, starttime=pid, state=state, kernel=kernel, argv=[comm])
+
+
+def census(procs: list[_procs.ProcFacts], guarded: dict[int, str] | None = None, **request) -> _procs.Census:
+    req = _procs.Request(gpus=[], all_gpus=True, nvml_processes={}, protect=_procs.protect_list([], []), **request)
+    return _procs.Census(
+        req=req,
+        facts={p.pid: p for p in procs},
+        guarded=guarded or {},
+        minor_to_index={},
+        selected=set(),
+        nvml_minors={},
+        holders={},
+        unreadable=set(),
+    )
+
+
+# A launcher (200) with a worker (201) and the worker's child (202), in process group 200; an unrelated process
+# (300) in the same group as this module's stand-in (400, guarded); a daemon (500) with a child (501).
+TREE = [
+    proc(200, 1, 200, "torchrun"),
+    proc(201, 200, 200),
+    proc(202, 201, 200),
+    proc(300, 1, 400),
+    proc(400, 1, 400, "ansible-playbook"),
+    proc(500, 1, 500, "nv-hostengine", exe="/usr/bin/nv-hostengine"),
+    proc(501, 500, 500),
+]
+
+
+def test_children_are_added_with_the_root_that_lent_them() -> None:
+    c = census(TREE, include_children=True)
+    c.cand(200).reasons.append("matches pattern 'torchrun'")
+    _procs.widen(c)
+    assert {pid: cand.reasons for pid, cand in c.cands.items()} == {
+        200: ["matches pattern 'torchrun'"],
+        201: ["descendant of PID 200"],
+        202: ["descendant of PID 200"],
+    }
+
+
+def test_a_protected_or_guarded_candidate_lends_nothing() -> None:
+    c = census(TREE, guarded={400: "an ancestor of this module"}, include_children=True, process_group=True)
+    for pid in (400, 500):
+        c.cand(pid).reasons.append("matches pattern")
+    _procs.widen(c)
+    assert sorted(c.cands) == [400, 500]  # neither the daemon's child nor the module's group mates
+
+
+def test_a_group_holding_the_module_is_never_widened_into() -> None:
+    c = census(TREE, guarded={400: "this module's own process"}, process_group=True)
+    c.cand(300).reasons.append("matches pattern")
+    c.cand(200).reasons.append("matches pattern")
+    _procs.widen(c)
+    assert sorted(c.cands) == [200, 201, 202, 300]
+    assert c.cands[202].reasons == ["in process group 200 of PID 200"]
+
+
+def test_patterns_select_only_among_what_the_gpu_subset_found() -> None:
+    c = census(TREE, patterns=[re.compile("^python3$")])
+    _procs.from_patterns(c)
+    assert sorted(c.cands) == [201, 202, 300, 501]
+    subset = census(TREE, patterns=[re.compile("^python3$")])
+    subset.req.all_gpus = False
+    subset.cand(201).reasons.append("holds nvidia0 (fd+mmap)")
+    _procs.from_patterns(subset)
+    assert sorted(subset.cands) == [201] and subset.cands[201].reasons[-1] == "matches pattern '^python3$'"
+
+
+@pytest.mark.parametrize(
+    ("pid", "guarded", "scopes", "expected"),
+    [
+        (1, {}, [], "PID 1 of its namespace (an init)"),
+        (400, {400: "this module's own process"}, [], "this module's own process"),
+        (500, {}, [], "protected daemon (nv-hostengine)"),
+        (201, {}, [_scope.Scope(vmid=129, init_pid=4000, pidns=77)], "outside the container scope (129)"),
+        (201, {}, [], None),
+    ],
+)
+def test_protection_comes_first_whatever_selected_the_candidate(pid, guarded, scopes, expected) -> None:
+    c = census([*TREE, proc(1, 0, 1, "init", exe="/sbin/init")], guarded=guarded, scopes=scopes)
+    cand = c.cand(pid)
+    cand.pidns = 99
+    assert _procs.protection_reason(c.req, cand, c.guarded, c.holders) == expected
+
+
+def test_where_keeps_what_it_returns_and_names_the_rest() -> None:
+    jmespath = pytest.importorskip("jmespath")
+    c = census(TREE, where=jmespath.compile("[?pid > `201`]"))
+    survivors = [c.cand(pid) for pid in (200, 201, 202)]
+    plan = _procs.Plan()
+    assert [x.pid for x in _procs.apply_where(c.req, plan, survivors)] == [202]
+    assert plan.ignored == [{"pid": 200, "why": "filtered out by where"}, {"pid": 201, "why": "filtered out by where"}]
+    c.req.where = jmespath.compile("length(@)")
+    with pytest.raises(CleanSlateError) as err:
+        _procs.apply_where(c.req, _procs.Plan(), survivors)
+    assert (err.value.reason, err.value.details["option"]) == ("bad_arguments", "where")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -51,19 +50,8 @@ def devdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def spawn():
-    procs: list[subprocess.Popen] = []
-
-    def _spawn(devdir: Path, mode: str, *names: str) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", HOLDER, str(devdir), mode, *names], stdout=subprocess.PIPE, text=True)
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        procs.append(p)
-        return p
-
-    yield _spawn
-    for p in procs:
-        p.kill()
-        p.wait()
+def spawn(start_ready):
+    return lambda devdir, mode, *names: start_ready(HOLDER, str(devdir), mode, *names)
 
 
 def test_fd_and_mmap_holders_are_told_apart(devdir: Path, spawn) -> None:

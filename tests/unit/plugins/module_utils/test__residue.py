@@ -1,15 +1,15 @@
-"""_residue, _holders and _ports against real files, processes and kernel tables (under tests/tools/pidns-run)."""
+"""_residue against real files, processes and kernel tables (under tests/tools/pidns-run).
+
+Its parts have their own files: test__holders.py (who holds a file), test__ports.py (the TCP tables).
+"""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 import typing as t
 from pathlib import Path
@@ -17,51 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders, _ports, _residue
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _residue
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 ROOT = Path(__file__).resolve().parents[4]
-
-# Lines of a real /proc/net/tcp (kernel 6.18): a listener, both ends of a connection, and a TIME_WAIT socket.
-TCP = """\
-  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   1: 0100007F:96CF 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 768675 1 000000004f7519af 100 0 0 10 0
-   8: 0100007F:E9C4 0100007F:B003 01 00000000:00000000 00:00000000 00000000     0        0 768679 2 00000000d9310776 20 0 0 10 -1
-  11: 0100007F:994B 0100007F:CB82 06 00000000:00000000 03:00001753 00000000     0        0 0 3 0000000041530798
-  13: 0100007F:B003 0100007F:E9C4 01 00000000:00000000 00:00000000 00000000     0        0 768680 1 00000000bd5f5811 20 0 0 10 -1
-"""
-TCP6 = (
-    "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-    "   0: 00000000000000000000000001000000:1F40 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000"
-    "     0        0 4242 1 0000000000000000 100 0 0 10 0\n"
-)
-
-
-def test_tcp_lines_are_classified_per_port() -> None:
-    socks = _ports.parse_tcp(TCP) + _ports.parse_tcp(TCP6)
-    assert _ports.classify(0x96CF, socks).state == "listening"
-    assert _ports.classify(0x96CF, socks).listeners[0].address == "127.0.0.1:38607"
-    tw = _ports.classify(0x994B, socks)
-    assert tw.state == "time_wait" and tw.remaining_s == pytest.approx(59.71)
-    assert _ports.classify(0xB003, socks).state == "connected"  # the server side of an established connection
-    assert _ports.classify(0xE9C4, socks).state == "connected"  # a client's ephemeral port counts too
-    assert _ports.classify(30000, socks).state == "free"
-    six = _ports.classify(8000, socks)
-    assert six.state == "listening" and six.listeners[0].address == "[::1]:8000" and six.listeners[0].inode == 4242
-    assert [s.port for s in _ports.parse_tcp(TCP, {0x994B})] == [0x994B]
-
-
-def test_real_sockets_are_read_from_this_namespace() -> None:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    port = server.getsockname()[1]
-    try:
-        state = _ports.classify(port, _ports.read_tcp("/proc/self/net", {port}))
-        assert state.state == "listening" and state.listeners[0].inode == os.fstat(server.fileno()).st_ino
-    finally:
-        server.close()
-    assert _ports.classify(port, _ports.read_tcp("/proc/self/net", {port})).state == "free"
 
 
 @pytest.mark.parametrize(
@@ -146,45 +105,6 @@ def test_everything_orphaned_goes_and_the_rest_of_the_directory_stays(tree: Path
     assert _residue.run(request(tree), check_mode=False)["changed"] is False
 
 
-HOLDER = textwrap.dedent(
-    """
-    import fcntl, mmap, os, socket, sys, time
-    mode, path = sys.argv[1], sys.argv[2]
-    keep = []
-    if mode == "cwd":
-        os.chdir(path)
-    elif mode == "bind":
-        s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(); keep.append(s)
-    else:
-        fd = os.open(path, os.O_RDWR)
-        if mode == "map":
-            keep.append(mmap.mmap(fd, 4096)); os.close(fd)
-        elif mode == "flock":
-            fcntl.flock(fd, fcntl.LOCK_EX); keep.append(fd)
-        else:
-            keep.append(fd)
-    print("ready", flush=True)
-    time.sleep(60)
-    """
-)
-
-
-@pytest.fixture
-def hold():
-    procs: list[subprocess.Popen] = []
-
-    def _hold(mode: str, path: Path) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", HOLDER, mode, str(path)], stdout=subprocess.PIPE, text=True)
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        procs.append(p)
-        return p
-
-    yield _hold
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
 def test_holders_are_found_by_inode_whatever_the_path(tree: Path, hold) -> None:
     shm = tree / "shm"
     p_map = hold("map", shm / "nccl-000000")
@@ -267,50 +187,6 @@ def test_list_limit_cuts_lists_not_counts(tree: Path) -> None:
     assert len(r["removed"]) == 2 and r["summary"]["removed"] == 7 and r["truncated"] is True
 
 
-def test_locks_table_names_the_holder(tmp_path: Path) -> None:
-    path = tmp_path / "x.lock"
-    path.write_bytes(b"")
-    with open(path, "r+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        st = os.fstat(fh.fileno())
-        locks = _holders.read_locks({(st.st_dev, st.st_ino)})
-        assert [(h.pid, h.how) for h in locks[(st.st_dev, st.st_ino)]] == [(os.getpid(), "lock")]
-    assert _holders.read_locks({(st.st_dev, st.st_ino)}) == {}
-
-
-def test_lock_lines_of_every_kind_are_parsed(tmp_path: Path) -> None:
-    text = (
-        "1: POSIX  ADVISORY  WRITE 1234 00:2a:183 0 EOF\n"
-        "1: -> POSIX  ADVISORY  WRITE 1240 00:2a:183 0 EOF\n"
-        "2: OFDLCK ADVISORY  READ  -1 00:2a:184 0 0\n"
-        "3: FLOCK  ADVISORY  WRITE 99 fd:01:184 0 EOF\n"
-        "4: LEASE  ACTIVE    READ  77 00:2a:185 0 EOF\n"
-    )
-    path = tmp_path / "locks"
-    path.write_text(text)
-    dev = os.makedev(0, 0x2A)
-    found = _holders.read_locks({(dev, 183), (dev, 184), (dev, 185)}, str(path))
-    assert [h.pid for h in found[(dev, 183)]] == [1234, 1240]
-    assert [h.pid for h in found[(dev, 184)]] == [-1]  # the fd:01 line is another device
-    assert [h.pid for h in found[(dev, 185)]] == [77]
-
-
-def test_zombies_are_seen_without_signalling_anything() -> None:
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    try:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            scan = _holders.scan(_holders.Watch())
-            if any(z[0] == pid for z in scan.zombies):
-                break
-            time.sleep(0.01)
-        assert (pid, os.getpid()) in [(z[0], z[1]) for z in scan.zombies]
-    finally:
-        os.waitpid(pid, 0)
-
-
 def test_human_sizes() -> None:
     assert [_residue.human(n) for n in (512, 4096, 3 * 1024**3 + 100 * 1024**2)] == ["512 B", "4.0 KiB", "3.1 GiB"]
 
@@ -335,3 +211,30 @@ def test_container_users_are_mapped_to_the_hosts_uids() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def residue_params(**kw: t.Any) -> dict[str, t.Any]:
+    p: dict[str, t.Any] = {kind: [] for kind in _residue.KINDS}
+    p.update(remove=["shm"], users=[], containers=[], pct_path=None, ports=[8000], time_wait_timeout=0.0, patterns=[], protect=[])
+    p.update(fail_on=["listening"], list_limit=200)
+    p.update(kw)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("time_wait_timeout", float("nan")), ("time_wait_timeout", 86401), ("list_limit", -1), ("containers", [99]), ("pct_path", "/nonexistent/pct")],
+)
+def test_the_modules_options_are_refused_before_any_container_is_looked_up(option: str, value: t.Any) -> None:
+    looked_up: list[int] = []
+    with pytest.raises(CleanSlateError) as err:
+        _residue.build_request(residue_params(**{option: value}), lambda: looked_up.append(1) or [])
+    assert (err.value.reason, err.value.details["option"], looked_up) == ("bad_arguments", option, [])
+    req = _residue.build_request(residue_params(), lambda: looked_up.append(1) or [])
+    assert looked_up == [1] and req.ports == [8000] and req.remove == {"shm"}
+
+
+def test_the_diff_shows_what_went_and_what_is_left() -> None:
+    result = {"removed": [{"path": "/dev/shm/a"}, {"path": "/dev/shm/b"}], "errors": [{"path": "/dev/shm/c"}]}
+    assert _residue.diff(result, check_mode=False) == {"before": "/dev/shm/a\n/dev/shm/b\n/dev/shm/c\n", "after": "/dev/shm/c\n"}
+    assert _residue.diff(result, check_mode=True) == {"before": "/dev/shm/a\n/dev/shm/b\n", "after": ""}

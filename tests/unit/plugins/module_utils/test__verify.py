@@ -6,7 +6,10 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NOT_SUPPORTED,
@@ -204,3 +207,51 @@ def test_a_gpu_held_only_by_a_protected_daemon_says_so(tmp_path) -> None:
         for p in (daemon, job):
             p.kill()
             p.wait()
+
+
+def outcome(*clean: bool, elapsed: float = 0.25) -> _verify.Outcome:
+    gpus = [
+        {"index": i, "uuid": f"GPU-{i}", "clean": c, "diagnosis": "clean" if c else "busy", "detail": "clean" if c else "held by PID(s) 42 (python3)."}
+        for i, c in enumerate(clean)
+    ]
+    return _verify.Outcome(gpus=gpus, elapsed_s=elapsed, time_to_clean_s=None, polls=1, notes=[])
+
+
+def lost(index: int) -> Gpu:
+    return Gpu(index=index, error=NvmlError(NVML_ERROR_GPU_IS_LOST, "x", gpu=index))
+
+
+def test_the_verdict_counts_clean_gpus_and_healthy_ones() -> None:
+    every = [Gpu(index=i) for i in range(4)]
+    assert _verify.verdict(outcome(True, True, True, True), every, 4, None) == (None, "4/4 GPUs clean in 0.25 s")
+    assert _verify.verdict(outcome(True, True, True, True), every, 4, 4) == (None, "4/4 GPUs clean in 0.25 s")
+    reason, msg = _verify.verdict(outcome(True, False), every, 2, None)
+    assert reason == "not_clean" and msg.startswith("1 of 2 GPU(s) not clean after 0.2 s: GPU 1 (GPU-1): busy: held by PID(s) 42")
+
+
+def test_a_lost_gpu_is_counted_but_not_healthy() -> None:
+    every = [Gpu(index=0), lost(1), Gpu(index=2)]
+    reason, msg = _verify.verdict(outcome(True, True), every, 2, 3)
+    assert (reason, msg) == ("missing_gpus", "expected 3 GPUs, found 2 healthy of 3 (lost: GPU 1).")
+    # Both problems: each is said, and the dirty GPU decides the reason.
+    reason, msg = _verify.verdict(outcome(True, False), every, 2, 3)
+    assert reason == "not_clean" and msg.startswith("expected 3 GPUs, found 2 healthy of 3 (lost: GPU 1). 1 of 2 GPU(s) not clean")
+    # Fewer GPUs than expected and none lost: the driver shows fewer.
+    assert _verify.verdict(outcome(True), [Gpu(index=0)], 1, 8) == ("missing_gpus", "expected 8 GPUs, found 1 healthy of 1.")
+
+
+def test_options_are_checked_before_the_gpus_are_touched(tmp_path) -> None:
+    params = {"timeout": 30, "interval": 0.1, "max_used_mib": 64, "expected_count": None, "device_dir": str(tmp_path), "gpus": [0, "/dev/nvidia3"]}
+    assert _verify.validate(params) == [0, "/dev/nvidia3"]
+    for option, value in (("interval", 0), ("timeout", float("inf")), ("expected_count", 2000), ("device_dir", str(tmp_path / "no"))):
+        with pytest.raises(CleanSlateError) as err:
+            _verify.validate({**params, option: value})
+        assert err.value.details["option"] == option
+
+
+def test_python_facts_name_missing_packages(monkeypatch) -> None:
+    facts = _verify.python_facts()
+    assert facts["missing"] == [] and facts["executable"]
+    real = _verify.importlib.util.find_spec
+    monkeypatch.setattr(_verify.importlib.util, "find_spec", lambda name: None if name == "pynvml" else real(name))
+    assert _verify.python_facts()["missing"] == ["nvidia-ml-py"]

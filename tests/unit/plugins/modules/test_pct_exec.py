@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _pct
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._pct import CHDIR_SCRIPT
 from ansible_collections.gpuops.clean_slate.plugins.modules import pct_exec
 
@@ -90,7 +91,7 @@ def test_failures_carry_a_reason(registry, capsys):
 
 def test_missing_pct_is_reported(registry, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(pct_exec._checks.Module, "get_bin_path", lambda self, *a, **kw: None)
+    monkeypatch.setattr(pct_exec._module.Module, "get_bin_path", lambda self, *a, **kw: None)
     code, result = run_main({"vmid": 129, "argv": ["true"]}, capsys)
     assert code == 1
     assert result["reason"] == "pct_failed"
@@ -106,7 +107,7 @@ def test_non_root_goes_through_sudo_n(registry, capsys, monkeypatch, tmp_path):
     sudo.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\n[ "$1" = "-n" ] || exit 1\nshift\nexec "$@"\n')
     sudo.chmod(sudo.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    monkeypatch.setattr(pct_exec.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(_pct.os, "geteuid", lambda: 1000)
     code, result = run_main({"vmid": 129, "argv": ["/bin/true"], "pct_path": FAKE_PCT}, capsys)
     assert code == 0, result
     assert result["cmd"][:3] == [str(sudo), "-n", FAKE_PCT]

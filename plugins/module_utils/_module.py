@@ -1,0 +1,106 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""The module class, and the one ending every module's ``main()`` shares.
+
+Every failure of every module has the shape :mod:`._reasons` documents
+(``reason``, ``msg``, the details), whatever went wrong:
+
+* Ansible's own argument checks (a wrong type, a missing option) fail inside
+  :class:`Module`'s constructor: ``bad_arguments``;
+* a library the module needs is missing: ``missing_library``, with the import
+  traceback;
+* a :class:`._errors.CleanSlateError`: its reason, message and details;
+* anything else is a bug: ``internal_error``, with a sentence for the
+  operator and the traceback kept in ``exception`` (which Ansible returns when
+  asked for error tracebacks: ``ANSIBLE_DISPLAY_TRACEBACK=error``).
+
+The helpers never call ``fail_json``; only :func:`finish` does.
+"""
+
+from __future__ import annotations
+
+import traceback
+import typing as t
+from dataclasses import dataclass
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+
+
+class Module(AnsibleModule):
+    """AnsibleModule whose every failure carries a machine-readable ``reason``.
+
+    Failures raised by Ansible itself while it checks the arguments (a wrong
+    type, a missing or conflicting option) happen inside ``__init__``, before
+    the module's own code runs; they are argument errors. Any other failure
+    that forgot its reason is an internal error.
+    """
+
+    _clean_slate_ready = False
+
+    def fail_json(self, msg: str, **kwargs: t.Any) -> t.NoReturn:
+        kwargs.setdefault("reason", _reasons.INTERNAL_ERROR if self._clean_slate_ready else _reasons.BAD_ARGUMENTS)
+        super().fail_json(msg, **kwargs)
+        # fail_json exits; ansible-core ships no type information that would tell mypy so.
+        raise SystemExit(1)
+
+    def ready(self) -> Module:
+        """Mark the arguments as checked by Ansible; returns the module."""
+        self._clean_slate_ready = True
+        return self
+
+
+@dataclass
+class Library:
+    """A Python library a module imports on the target, and whether the import worked."""
+
+    package: str  # what to pip install
+    present: bool
+    error: str | None = None  # the import's traceback
+
+
+#: What a module's body returns: the result for ``exit_json``.
+Body = t.Callable[[Module], t.Dict[str, t.Any]]
+#: Keys every failure of a module carries besides the contract's, given the failure's reason.
+Details = t.Callable[[str], t.Dict[str, t.Any]]
+
+
+def finish(module: Module, body: Body, name: str, libraries: t.Sequence[Library] = (), details: Details | None = None) -> t.NoReturn:
+    """Run ``body`` and end the module: ``exit_json`` with its result, or ``fail_json`` in the one failure shape.
+
+    ``details(reason)`` gives the keys this module's failures always carry
+    (for example ``targets: []``); a :class:`CleanSlateError`'s own details
+    override them, and ``msg`` and ``reason`` override both.
+    """
+
+    def extra(reason: str) -> dict[str, t.Any]:
+        return details(reason) if details is not None else {}
+
+    for lib in libraries:
+        if not lib.present:
+            traceback_of = {"exception": lib.error} if lib.error else {}
+            module.fail_json(
+                **{**extra(_reasons.MISSING_LIBRARY), **traceback_of, "msg": missing_required_lib(lib.package), "reason": _reasons.MISSING_LIBRARY}
+            )
+    try:
+        result = body(module)
+    except CleanSlateError as exc:
+        module.fail_json(**{**extra(exc.reason), **exc.result()})
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        # A bug must still reach the operator as a sentence, with the traceback kept for ANSIBLE_DISPLAY_TRACEBACK=error.
+        module.fail_json(
+            **{
+                **extra(_reasons.INTERNAL_ERROR),
+                "msg": f"{name} failed unexpectedly: {exc}. This is a bug: report it with the traceback (ANSIBLE_DISPLAY_TRACEBACK=error shows it).",
+                "exception": traceback.format_exc(),
+                "reason": _reasons.INTERNAL_ERROR,
+            }
+        )
+    module.exit_json(**result)
+    raise SystemExit(0)  # exit_json exits; as for fail_json, mypy is not told so

@@ -1,0 +1,108 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""Every ``reason`` a module of this collection can fail with, in one place.
+
+A failed module result always has the same shape (the user guide's "What a red
+run means" lists every reason with what to do):
+
+``reason``
+    One of the constants below: machine-readable, stable, what the role, AWX
+    workflows and alerts branch on.
+``msg``
+    A sentence saying what happened and what to do.
+the details
+    Keys that say more about this failure: ``option`` (the option a
+    ``bad_arguments`` refusal is about, where one is), ``exception`` (the
+    traceback of an ``internal_error`` or ``missing_library``, which Ansible
+    returns when asked for error tracebacks, ``ANSIBLE_DISPLAY_TRACEBACK=error``), and each module's own result keys (``targets`` of
+    ``gpu_procs_kill``, ``gpus`` of ``gpu_mem_verify``, ``cmd`` of ``pct_exec``...).
+
+Nothing else in ``plugins/`` spells a reason out; a unit test
+(tests/unit/plugins/module_utils/test__reasons.py) holds the code, the modules'
+documentation and the user guide to that.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------------- every module
+#: Refused before anything was done: a bad option value (Ansible's own argument checks included).
+BAD_ARGUMENTS = "bad_arguments"
+#: A Python library the module needs is not installed for the target's interpreter.
+MISSING_LIBRARY = "missing_library"
+#: A bug: an unexpected exception, its traceback kept in ``exception``.
+INTERNAL_ERROR = "internal_error"
+
+# ---------------------------------------------------------------------- containers (pct, lxc-info)
+#: The container exists but does not run (or its init cannot be seen from here).
+NOT_RUNNING = "not_running"
+#: No such container on this node (a container of another cluster node included).
+NO_SUCH_CONTAINER = "no_such_container"
+#: pct (or sudo in front of it) failed otherwise, or there is no pct on the node.
+PCT_FAILED = "pct_failed"
+
+# ---------------------------------------------------------------------- pct_exec
+#: The command exited with a non-zero status.
+COMMAND_FAILED = "command_failed"
+#: The command ran past its time limit and was killed where it ran. Also NVML's answer when the driver times out.
+TIMEOUT = "timeout"
+
+# ---------------------------------------------------------------------- gpu_procs_kill
+#: Neither NVML nor the device files can find GPU processes, and name-only matching was not allowed.
+NO_DISCOVERY_SOURCE = "no_discovery_source"
+#: A target survived SIGKILL (stuck in the kernel, usually in the driver).
+UNKILLABLE = "unkillable"
+#: Processes were still found when the kill's deadline had passed.
+HOLDERS_REMAIN = "holders_remain"
+
+# ---------------------------------------------------------------------- gpu_mem_verify
+#: A selected GPU is not clean at the deadline (each GPU's ``diagnosis`` says why).
+NOT_CLEAN = "not_clean"
+#: Fewer healthy GPUs than ``expected_count``.
+MISSING_GPUS = "missing_gpus"
+
+# ---------------------------------------------------------------------- NVML: the GPUs cannot be read
+LIBRARY_NOT_FOUND = "library_not_found"
+DRIVER_NOT_LOADED = "driver_not_loaded"
+DRIVER_LIBRARY_MISMATCH = "driver_library_mismatch"
+NO_PERMISSION = "no_permission"
+NOT_SUPPORTED = "not_supported"
+GPU_LOST = "gpu_lost"
+NEEDS_RESET = "needs_reset"
+NVML_ERROR = "nvml_error"
+
+# ---------------------------------------------------------------------- gpu_job_residue
+PORT_IN_USE = "port_in_use"
+PORT_CONNECTED = "port_connected"
+PORT_TIME_WAIT = "port_time_wait"
+REMOVE_FAILED = "remove_failed"
+SCAN_INCOMPLETE = "scan_incomplete"
+
+# ---------------------------------------------------------------------- per-GPU diagnoses
+# gpu_mem_verify's gpus[].diagnosis; the role reports the first dirty GPU's as its verify reason.
+CLEAN = "clean"
+BUSY = "busy"
+HELD_BY_PROTECTED = "held_by_protected"
+HELD_OUTSIDE_NAMESPACE = "held_outside_namespace"
+ORPHANED_CONTEXT = "orphaned_context"
+UNSUPPORTED = "unsupported"
+UNRESPONSIVE = "unresponsive"
+
+# ---------------------------------------------------------------------- groups
+#: What NVML's failures become (_nvml.NvmlError); the GPUs cannot be read, or one GPU cannot.
+NVML = (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, DRIVER_LIBRARY_MISMATCH, NO_PERMISSION, NOT_SUPPORTED, TIMEOUT, GPU_LOST, NEEDS_RESET, NVML_ERROR)
+#: Looking up a container's init (O(containers), pct_exec's container check).
+CONTAINERS = (NOT_RUNNING, NO_SUCH_CONTAINER, PCT_FAILED)
+#: gpu_mem_verify's per-GPU diagnoses, ``clean`` included.
+DIAGNOSES = (CLEAN, BUSY, HELD_BY_PROTECTED, HELD_OUTSIDE_NAMESPACE, ORPHANED_CONTEXT, GPU_LOST, NEEDS_RESET, UNSUPPORTED, UNRESPONSIVE)
+
+#: The reasons each module can fail with; each module's RETURN documentation lists exactly these.
+MODULES: dict[str, tuple[str, ...]] = {
+    "gpu_procs_kill": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, *CONTAINERS, NO_DISCOVERY_SOURCE, UNKILLABLE, HOLDERS_REMAIN, *NVML),
+    "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, *NVML),
+    "gpu_job_residue": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, PORT_IN_USE, PORT_CONNECTED, PORT_TIME_WAIT, REMOVE_FAILED, SCAN_INCOMPLETE),
+    "pct_exec": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, COMMAND_FAILED, TIMEOUT),
+}

@@ -1,0 +1,54 @@
+"""Shared by the module_utils tests: real processes that hold real files (under tests/tools/pidns-run)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HOLDER = textwrap.dedent(
+    """
+    import fcntl, mmap, os, socket, sys, time
+    mode, path = sys.argv[1], sys.argv[2]
+    keep = []
+    if mode == "cwd":
+        os.chdir(path)
+    elif mode == "bind":
+        s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen(); keep.append(s)
+    else:
+        fd = os.open(path, os.O_RDWR)
+        if mode == "map":
+            keep.append(mmap.mmap(fd, 4096)); os.close(fd)
+        elif mode == "flock":
+            fcntl.flock(fd, fcntl.LOCK_EX); keep.append(fd)
+        else:
+            keep.append(fd)
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.fixture
+def start_ready():
+    """Start ``python -c SCRIPT ARGS...`` and wait until it prints ``ready``; every one is killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start(script: str, *args: str) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def hold(start_ready):
+    """Start a process that holds ``path``: ``fd`` (open), ``map`` (mapped), ``flock``, ``bind`` (a unix socket) or ``cwd``."""
+    return lambda mode, path: start_ready(HOLDER, mode, str(path))

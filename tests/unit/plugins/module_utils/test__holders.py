@@ -1,0 +1,132 @@
+"""_holders: who holds a file, from one pass over /proc, /proc/locks and the unix socket tables, against real
+processes that open, map, lock, bind and work in real files (under tests/tools/pidns-run)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders
+
+
+def key(path: Path) -> _holders.Key:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def test_device_tokens_are_printed_as_the_kernel_prints_them() -> None:
+    assert _holders.dev_token(os.makedev(0, 0x2A)) == "00:2a"
+    assert _holders.dev_token(os.makedev(253, 1)) == "fd:01"
+
+
+def test_open_mapped_and_working_directory_holders_are_found_by_inode(tmp_path: Path, hold) -> None:
+    opened, mapped, idle, workdir = tmp_path / "opened", tmp_path / "mapped", tmp_path / "idle", tmp_path / "work"
+    for f in (opened, mapped, idle):
+        f.write_bytes(b"\0" * 4096)
+    workdir.mkdir()
+    a, b, c = hold("fd", opened), hold("map", mapped), hold("cwd", workdir)
+    watch = _holders.Watch(keys={key(opened), key(mapped), key(idle)}, names={"opened", "mapped", "idle"}, cwd_keys={key(workdir)})
+    scan = _holders.scan(watch, workers=1)
+    assert [(h.pid, h.how) for h in scan.holds[key(opened)]] == [(a.pid, "fd")]
+    assert (b.pid, "mmap") in [(h.pid, h.how) for h in scan.holds[key(mapped)]]
+    assert {h.pid for h in scan.holds[key(mapped)]} == {b.pid}
+    assert [(h.pid, h.how) for h in scan.holds[key(workdir)]] == [(c.pid, "cwd")]
+    assert key(idle) not in scan.holds  # nothing holds it: an orphan
+    assert scan.unreadable == [] and scan.processes >= 3
+
+
+def test_two_workers_find_what_one_finds(tmp_path: Path, hold) -> None:
+    files = []
+    for i in range(3):
+        f = tmp_path / f"seg{i}"
+        f.write_bytes(b"\0" * 4096)
+        files.append(f)
+        hold("fd" if i % 2 else "map", f)
+    watch = _holders.Watch(keys={key(f) for f in files}, names={f.name for f in files})
+    one, two = _holders.scan(watch, workers=1), _holders.scan(watch, workers=2)
+    assert {k: sorted((h.pid, h.how) for h in v) for k, v in one.holds.items()} == {k: sorted((h.pid, h.how) for h in v) for k, v in two.holds.items()}
+    assert len(one.holds) == 3
+
+
+def test_a_hold_is_recorded_once() -> None:
+    scan = _holders.Scan()
+    for _repeat in range(3):
+        scan.add((1, 2), 42, "fd")
+    scan.add((1, 2), 42, "mmap")
+    assert [(h.pid, h.how) for h in scan.holds[(1, 2)]] == [(42, "fd"), (42, "mmap")]
+
+
+def test_socket_owners_and_bound_paths(tmp_path: Path) -> None:
+    path = str(tmp_path / "ipc.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0clean-slate-test-{os.getpid()}")
+    try:
+        inode = os.fstat(server.fileno()).st_ino
+        bound = {p: i for i, p in _holders.read_unix("self")}
+        assert bound[path] == inode
+        assert not any(p.startswith("@clean-slate-test") for p in bound)  # abstract names are no files
+        # The scan skips this process; a child that inherits the socket is its owner there.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(server.fileno(),))
+        try:
+            deadline = time.monotonic() + 10
+            owners: list[int] = []
+            while not owners and time.monotonic() < deadline:
+                owners = _holders.scan(_holders.Watch(sockets={inode}, netns=True), workers=1).socket_owners.get(inode, [])
+            assert owners == [child.pid]
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        server.close()
+        abstract.close()
+
+
+def test_locks_table_names_the_holder(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    path.write_bytes(b"")
+    with open(path, "r+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        st = os.fstat(fh.fileno())
+        locks = _holders.read_locks({(st.st_dev, st.st_ino)})
+        assert [(h.pid, h.how) for h in locks[(st.st_dev, st.st_ino)]] == [(os.getpid(), "lock")]
+    assert _holders.read_locks({(st.st_dev, st.st_ino)}) == {}
+
+
+def test_lock_lines_of_every_kind_are_parsed(tmp_path: Path) -> None:
+    text = (
+        "1: POSIX  ADVISORY  WRITE 1234 00:2a:183 0 EOF\n"
+        "1: -> POSIX  ADVISORY  WRITE 1240 00:2a:183 0 EOF\n"
+        "2: OFDLCK ADVISORY  READ  -1 00:2a:184 0 0\n"
+        "3: FLOCK  ADVISORY  WRITE 99 fd:01:184 0 EOF\n"
+        "4: LEASE  ACTIVE    READ  77 00:2a:185 0 EOF\n"
+    )
+    path = tmp_path / "locks"
+    path.write_text(text)
+    dev = os.makedev(0, 0x2A)
+    found = _holders.read_locks({(dev, 183), (dev, 184), (dev, 185)}, str(path))
+    assert [h.pid for h in found[(dev, 183)]] == [1234, 1240]
+    assert [h.pid for h in found[(dev, 184)]] == [-1]  # the fd:01 line is another device
+    assert [h.pid for h in found[(dev, 185)]] == [77]
+
+
+def test_zombies_are_seen_without_signalling_anything() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            scan = _holders.scan(_holders.Watch())
+            if any(z[0] == pid for z in scan.zombies):
+                break
+            time.sleep(0.01)
+        assert (pid, os.getpid()) in [(z[0], z[1]) for z in scan.zombies]
+    finally:
+        os.waitpid(pid, 0)
