@@ -39,6 +39,8 @@ import subprocess
 import time
 import typing as t
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons
+
 try:
     import pynvml
 
@@ -496,7 +498,7 @@ def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None) -> dict[
     found: list[tuple[str, str]] = []
     if diagnosis == DRIVER_HUNG:
         found.append((REBOOT, "an NVML call on this GPU did not return (the driver is hung)"))
-    elif diagnosis == "gpu_lost":
+    elif diagnosis == _reasons.GPU_LOST:
         found.append((REBOOT, "the GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST, Xid 79)"))
     action = readings.get("recovery_action")
     if action and action != "none":

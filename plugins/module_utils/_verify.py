@@ -27,7 +27,7 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _procs, _proctable, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _health, _nvml, _procs, _proctable, _reasons
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     Gpu,
@@ -295,6 +295,7 @@ class Outcome:
     polls: int
     notes: list[str]
     unreadable: int = 0  # processes whose file descriptors could not be read while naming holders
+    health: list[dict[str, t.Any] | None] = field(default_factory=list)  # NVML health readings per GPU (None: not read)
 
     @property
     def clean_count(self) -> int:
@@ -311,8 +312,10 @@ def poll_until_clean(
     every_gpu: list[Gpu] | None = None,
     clock: t.Callable[[], float] = time.monotonic,
     sleep: t.Callable[[float], None] = time.sleep,
+    health: bool = False,
 ) -> Outcome:
-    """Poll until every GPU in ``gpus`` is clean or ``timeout`` seconds pass."""
+    """Poll until every GPU in ``gpus`` is clean or ``timeout`` seconds pass; with ``health``, then
+    take each GPU's health readings once (they do not change while memory is released)."""
     start = clock()
     deadline = start + timeout
     polls = 0
@@ -356,9 +359,13 @@ def poll_until_clean(
     for reading, (clean, _terminal) in zip(readings, judged):
         diagnosis, detail, _pids = diagnose(reading, criteria, holders, own, nvml_minors)
         reports.append(gpu_report(reading, diagnosis, detail, clean))
+    # A GPU whose identity could not be read has no handle to ask: its readings stay unknown.
+    health_readings = [_health.read_gpu(r.gpu.handle) if health and r.gpu.error is None else None for r in readings]
     # Measured after the /proc scan and the diagnoses: they are part of what the verification cost.
     elapsed = clock() - start
-    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable)
+    return Outcome(
+        gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable, health=health_readings
+    )
 
 
 def failure_message(outcome: Outcome, expected_total: int) -> str:
@@ -373,6 +380,16 @@ def failure_message(outcome: Outcome, expected_total: int) -> str:
 # ---------------------------------------------------------------------- the gpu_mem_verify module
 def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     """Reject bad input before touching the GPUs; returns the parsed GPU selectors."""
+    if params.get("fail_on") is not None and params["fail_on"] not in _health.FAIL_ON_CHOICES:
+        raise CleanSlateError(
+            f"fail_on must be one of {', '.join(_health.FAIL_ON_CHOICES)}, got {params['fail_on']!r}.", reason=_reasons.BAD_ARGUMENTS, option="fail_on"
+        )
+    if _health.parse_since(params.get("since"), 0.0) is None:
+        raise CleanSlateError(
+            f"since must be epoch seconds (1796112000) or an ISO 8601 time (2026-12-01T08:00:00Z), got {params['since']!r}.",
+            reason=_reasons.BAD_ARGUMENTS,
+            option="since",
+        )
     _checks.number("timeout", params["timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
     _checks.number("interval", params["interval"], 0.001, 60, unit="seconds")
     _checks.number("max_used_mib", params["max_used_mib"], 0, 1048576, unit="MiB")
@@ -410,6 +427,30 @@ def verdict(outcome: Outcome, every_gpu: list[Gpu], selected: int, expected_coun
     return None, f"{outcome.clean_count}/{selected} GPUs clean in {outcome.elapsed_s:.2f} s"
 
 
+def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_log: str, fail_on: str) -> dict[str, t.Any]:
+    """Attach each GPU's ``health`` to its report (Xid events by PCI address) and return the host's."""
+    started = time.monotonic()
+    source, events = _health.read_xids(since, kernel_log)
+    buses = {_health.bus_key(g.pci_bus_id) for g in every_gpu if g.pci_bus_id}
+    per_gpu = []
+    for report, readings in zip(outcome.gpus, outcome.health):
+        readings = dict(readings) if readings is not None else {k: None for k in _health.READING_KEYS}
+        key = _health.bus_key(report["pci_bus_id"])
+        mine = [e for e in events if key is not None and e["bus"] == key]
+        readings["xid"] = [{k: v for k, v in e.items() if k != "bus"} for e in mine] if source != "unreadable" else None
+        report["health"] = _health.judge_gpu(readings, report["diagnosis"])
+        per_gpu.append((report["index"], report["health"]))
+    stray = [e for e in events if e["bus"] not in buses]
+    host = _health.host_findings(_health.fabric_present(r for r in outcome.health if r))
+    host["kernel_log"] = source
+    verdict = _health.judge_host(per_gpu, host, fail_on, stray)
+    if source == "unreadable":
+        outcome.notes.append(f"The kernel log cannot be read ({kernel_log}, journalctl -k): Xid errors are not part of the health verdict; run with become: true.")
+    verdict["since"] = round(since, 3)
+    verdict["elapsed_s"] = round(time.monotonic() - started, 4)
+    return verdict
+
+
 def run(module: t.Any) -> dict[str, t.Any]:
     """The gpu_mem_verify module: read the GPUs until they are clean or the timeout passes, then judge.
 
@@ -419,6 +460,7 @@ def run(module: t.Any) -> dict[str, t.Any]:
     started = datetime.datetime.now()
     p = module.params
     selectors = validate(p)
+    since = t.cast(float, _health.parse_since(p.get("since"), started.timestamp()))
     files_problem = _nvml.device_files_problem(p["device_dir"])
     if files_problem:
         module.warn(f"The GPU device files cannot be used ({files_problem}): holders of a GPU that is not clean can be named only if NVML lists them.")
@@ -426,14 +468,29 @@ def run(module: t.Any) -> dict[str, t.Any]:
         every = session.gpus()
         selected = _nvml.select_gpus(every, selectors)
         criteria = Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
-        outcome = poll_until_clean(session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=every)
+        outcome = poll_until_clean(
+            session,
+            selected,
+            criteria,
+            timeout=p["timeout"],
+            interval=p["interval"],
+            device_dir=p["device_dir"],
+            every_gpu=every,
+            health=p.get("health", False),
+        )
         driver = session.driver_version()
+    health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"]) if p.get("health") else None
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
             " lists it; run with become: true."
         )
     reason, msg = verdict(outcome, every, len(selected), p["expected_count"])
+    if health is not None and health["verdict"] != _health.OK:
+        msg += f". Health: {health['verdict']}: {' '.join(health['evidence'])} {_health.advice(health['verdict'])}"
+        if reason is None and _health.fails(health["verdict"], p["fail_on"]):
+            reason = _reasons.UNHEALTHY
+            msg += f" (fail_on is {p['fail_on']})"
     result = {
         "changed": False,
         "clean": reason is None,
@@ -449,6 +506,7 @@ def run(module: t.Any) -> dict[str, t.Any]:
         "driver_version": driver,
         "notes": outcome.notes,
         "python": python_facts(),
+        "health": health,
     }
     if reason is not None and p["fail_on_dirty"]:
         details = {k: v for k, v in result.items() if k != "msg"}
