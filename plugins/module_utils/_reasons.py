@@ -66,6 +66,10 @@ MISSING_GPUS = "missing_gpus"
 #: The memory is clean, but the health verdict (``health.verdict``) is at or above ``fail_on``; ``health.evidence`` says why.
 UNHEALTHY = "unhealthy"
 
+# ---------------------------------------------------------------------- gpu_mode_restore
+#: A declared value did not take (the compute mode reads otherwise, or the MPS daemon survived its deadline).
+RESTORE_FAILED = "restore_failed"
+
 # ---------------------------------------------------------------------- NVML: the GPUs cannot be read
 LIBRARY_NOT_FOUND = "library_not_found"
 DRIVER_NOT_LOADED = "driver_not_loaded"
@@ -107,4 +111,5 @@ MODULES: dict[str, tuple[str, ...]] = {
     "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, UNHEALTHY, *NVML),
     "gpu_job_residue": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, PORT_IN_USE, PORT_CONNECTED, PORT_TIME_WAIT, REMOVE_FAILED, SCAN_INCOMPLETE),
     "pct_exec": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, COMMAND_FAILED, TIMEOUT),
+    "gpu_mode_restore": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, BUSY, RESTORE_FAILED, *NVML),
 }
