@@ -109,3 +109,24 @@ def test_check_mode_and_a_raised_threshold_report_without_failing(nodes, tmp_pat
     run = run_playbook(PLAY, inventory=inv, env=n1.env(), extra_vars={"clean_slate_health": False}, wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
     assert entries(run)["checked"]["clean"] is True and entries(run)["checked"]["health"] is None
+
+
+def test_restore_puts_back_the_mode_and_stops_mps_before_the_verdict(nodes, tmp_path: Path) -> None:
+    n1, n2, _n3, sb = nodes
+    for n in (n1, n2):
+        n.set_compute_mode(1, "exclusive_process")
+    mps1 = n1.spawn_daemon("nvidia-cuda-mps-control", sandbox=sb)
+    inv = local_inventory(
+        tmp_path / "hosts.yml",
+        {"restored": host(n1, clean_slate_restore={"compute_mode": "default", "mps": "stopped"}), "left": host(n2)},
+    )
+    run = run_playbook(PLAY, inventory=inv, env=n1.env(), wrapper=sb.nsenter_prefix())
+    assert run.rc == 0, run.output
+    e = entries(run)
+    assert e["restored"]["clean"] is True and e["restored"]["health"]["verdict"] == "ok", e["restored"]
+    assert n1.compute_mode(1) == 0 and not mps1.alive()
+    assert "; restored compute mode default on GPU 1 and MPS stopped" in summary(run, "restored")
+    # Without clean_slate_restore the leftover stays, and the verdict says so (below the default threshold).
+    assert n2.compute_mode(1) == 3
+    assert e["left"]["clean"] is True and e["left"]["health"]["verdict"] == "restart_app"
+    assert summary(run, "left").endswith("; health: restart_app")
