@@ -35,6 +35,7 @@ import errno
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 import typing as t
@@ -198,13 +199,26 @@ def boot_epoch() -> float:
     return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def parse_kmsg(data: bytes, boot: float) -> list[tuple[float, str]]:
+def parse_kmsg(data: bytes, boot: float, needle: bytes | None = b"NVRM: Xid") -> list[tuple[float, str]]:
     """(epoch time, message) of each /dev/kmsg record in ``data``: ``prio,seq,usec,flags[,...];message``.
 
+    Only records holding ``needle`` are decoded, found with a byte search (a busy ring buffer holds thousands
+    of other lines; splitting them all costs ten times more); ``None`` decodes every record.
     Continuation lines (`` KEY=value`` dictionary entries) are skipped.
     """
+    if needle is None:
+        lines = data.split(b"\n")
+    else:
+        lines = []
+        at = data.find(needle)
+        while at >= 0:
+            start = data.rfind(b"\n", 0, at) + 1
+            end = data.find(b"\n", at)
+            end = len(data) if end < 0 else end
+            lines.append(data[start:end])
+            at = data.find(needle, end)
     out = []
-    for raw in data.split(b"\n"):
+    for raw in lines:
         if not raw or raw[:1] == b" " or b";" not in raw:
             continue
         head, _sep, message = raw.partition(b";")
@@ -231,9 +245,12 @@ def read_kmsg(path: str = KMSG, max_bytes: int = 16 * 1024 * 1024) -> bytes | No
     chunks = []
     total = 0
     try:
+        # /dev/kmsg (a character device) hands out one record per read; a file, as much as asked.
+        records = stat.S_ISCHR(os.fstat(fd).st_mode)
+        size = 8192 if records else 1 << 20
         while total < max_bytes:
             try:
-                chunk = os.read(fd, 8192)
+                chunk = os.read(fd, size)
             except OSError as exc:
                 if exc.errno == errno.EPIPE:
                     continue
@@ -242,8 +259,8 @@ def read_kmsg(path: str = KMSG, max_bytes: int = 16 * 1024 * 1024) -> bytes | No
                 return None if not chunks else b"".join(chunks)
             if not chunk:
                 break
-            if not chunk.endswith(b"\n"):
-                chunk += b"\n"  # a record read alone from /dev/kmsg ends in a newline; keep records apart anyway
+            if records and not chunk.endswith(b"\n"):
+                chunk += b"\n"  # keep records apart (the kernel ends each with a newline)
             chunks.append(chunk)
             total += len(chunk)
     finally:

@@ -75,8 +75,9 @@ KMSG = (
 
 
 def test_kmsg_records_become_epoch_times_and_xids_are_found_since_a_time() -> None:
+    assert [when for when, _m in _health.parse_kmsg(KMSG, boot=1000.0, needle=None)] == [1001.0, 1005.0, 1009.0]
     messages = _health.parse_kmsg(KMSG, boot=1000.0)
-    assert [when for when, _m in messages] == [1001.0, 1005.0, 1009.0]
+    assert [when for when, _m in messages] == [1005.0, 1009.0]
     events = _health.xid_events(messages, since=1002.0)
     assert [(e["xid"], e["bus"], e["bucket"], e["time"]) for e in events] == [(13, (0, 0x18, 0), "RESTART_APP", 1005.0), (79, (0, 0x2A, 0), "RESTART_BM", 1009.0)]
     assert events[0]["line"].startswith("NVRM: Xid (PCI:0000:18:00): 13,")
