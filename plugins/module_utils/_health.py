@@ -166,7 +166,16 @@ RECOVERY_VERDICTS = {
     "bus_reset": RESET_GPU,
     "system_reboot": REBOOT,
 }
-RECOVERY_NAMES = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
+RECOVERY_NAMES = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
 _XID154_BUCKETS = {"none": "IGNORE", "gpu_reset": "RESET_GPU", "node_reboot": "RESTART_BM", "drain_p2p": "DRAIN_P2P", "drain_and_reset": "DRAIN_P2P"}
 
 
@@ -242,7 +251,7 @@ def read_kmsg(path: str = KMSG, max_bytes: int = 16 * 1024 * 1024) -> bytes | No
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    chunks = []
+    chunks: list[bytes] = []
     total = 0
     try:
         # /dev/kmsg (a character device) hands out one record per read; a file, as much as asked.
@@ -391,7 +400,7 @@ def _fabric(handle: t.Any) -> dict[str, t.Any] | None:
     info: ctypes.Structure = _FabricV2()
     try:
         fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfoV")
-        info.version = ctypes.sizeof(_FabricV2) | (2 << 24)  # type: ignore[attr-defined]
+        info.version = ctypes.sizeof(_FabricV2) | (2 << 24)
         ret = fn(handle, ctypes.byref(info))
     except pynvml.NVMLError as exc:  # the entry point is not in this library
         ret = _code(exc)
@@ -404,7 +413,7 @@ def _fabric(handle: t.Any) -> dict[str, t.Any] | None:
             ret = _code(exc)
     if ret != 0:
         return None
-    return {"state": FABRIC_STATES.get(int(info.state), f"unknown_{int(info.state)}"), "status": int(info.status)}  # type: ignore[attr-defined]
+    return {"state": FABRIC_STATES.get(int(info.state), f"unknown_{int(info.state)}"), "status": int(info.status)}
 
 
 def read_gpu(handle: t.Any) -> dict[str, t.Any]:
@@ -414,7 +423,7 @@ def read_gpu(handle: t.Any) -> dict[str, t.Any]:
     One plain function of a handle, so that it can run wherever NVML is called (for example in the
     helper process that bounds a call that may hang); it never raises an NVML error.
     """
-    out: dict[str, t.Any] = {k: None for k in READING_KEYS}
+    out: dict[str, t.Any] = dict.fromkeys(READING_KEYS)
 
     def ask(fn: t.Callable[[], t.Any]) -> t.Any:
         try:
@@ -542,7 +551,9 @@ def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None) -> dict[
         found.append((RESTART_APP, f"{ecc} uncorrectable ECC error(s) since the driver loaded (volatile count): the application that met them must restart"))
     fabric = readings.get("fabric")
     if fabric and fabric["state"] in ("not_started", "in_progress"):
-        found.append((RESET_GPU, f"the GPU's NVLink fabric is {fabric['state']} (CUDA answers 'system not yet initialized' until nvidia-fabricmanager completes it)"))
+        found.append(
+            (RESET_GPU, f"the GPU's NVLink fabric is {fabric['state']} (CUDA answers 'system not yet initialized' until nvidia-fabricmanager completes it)")
+        )
     elif fabric and fabric["state"] == "completed" and fabric["status"] not in (0, None):
         found.append((RESET_GPU, f"the GPU's NVLink fabric setup completed with NVML error {fabric['status']}"))
     mode = readings.get("compute_mode")

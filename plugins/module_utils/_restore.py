@@ -109,8 +109,7 @@ def run(module: t.Any) -> dict[str, t.Any]:
         if busy:
             which = "; ".join(f"GPU {i}: PID(s) {', '.join(map(str, pids))}" for i, pids in sorted(busy.items()))
             raise CleanSlateError(
-                f"compute mode not changed: processes still use the GPU ({which}). End them first (gpuops.clean_slate.gpu_procs_kill);"
-                " nothing was changed.",
+                f"compute mode not changed: processes still use the GPU ({which}). End them first (gpuops.clean_slate.gpu_procs_kill); nothing was changed.",
                 reason=_reasons.BUSY,
                 busy={str(i): pids for i, pids in busy.items()},
             )

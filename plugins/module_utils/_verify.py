@@ -363,9 +363,7 @@ def poll_until_clean(
     health_readings = [_health.read_gpu(r.gpu.handle) if health and r.gpu.error is None else None for r in readings]
     # Measured after the /proc scan and the diagnoses: they are part of what the verification cost.
     elapsed = clock() - start
-    return Outcome(
-        gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable, health=health_readings
-    )
+    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable, health=health_readings)
 
 
 def failure_message(outcome: Outcome, expected_total: int) -> str:
@@ -434,7 +432,7 @@ def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_lo
     buses = {_health.bus_key(g.pci_bus_id) for g in every_gpu if g.pci_bus_id}
     per_gpu = []
     for report, readings in zip(outcome.gpus, outcome.health):
-        readings = dict(readings) if readings is not None else {k: None for k in _health.READING_KEYS}
+        readings = dict(readings) if readings is not None else dict.fromkeys(_health.READING_KEYS)
         key = _health.bus_key(report["pci_bus_id"])
         mine = [e for e in events if key is not None and e["bus"] == key]
         readings["xid"] = [{k: v for k, v in e.items() if k != "bus"} for e in mine] if source != "unreadable" else None
@@ -445,7 +443,9 @@ def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_lo
     host["kernel_log"] = source
     verdict = _health.judge_host(per_gpu, host, fail_on, stray)
     if source == "unreadable":
-        outcome.notes.append(f"The kernel log cannot be read ({kernel_log}, journalctl -k): Xid errors are not part of the health verdict; run with become: true.")
+        outcome.notes.append(
+            f"The kernel log cannot be read ({kernel_log}, journalctl -k): Xid errors are not part of the health verdict; run with become: true."
+        )
     verdict["since"] = round(since, 3)
     verdict["elapsed_s"] = round(time.monotonic() - started, 4)
     return verdict

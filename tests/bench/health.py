@@ -140,7 +140,8 @@ def main() -> int:
     ]
     out += [f"| {label} | {med:.1f} | {p95:.1f} |" for label, med, p95 in rows]
     out += [
-        f"| kernel log: read + Xids since an hour ago ({source}, {len(events)} Xid events), per host | {stats(xid_samples)[0]:.1f} | {stats(xid_samples)[1]:.1f} |",
+        f"| kernel log: read + Xids since an hour ago ({source}, {len(events)} Xid events), per host"
+        f" | {stats(xid_samples)[0]:.1f} | {stats(xid_samples)[1]:.1f} |",
         f"| /proc scan for MPS daemons and the fabric manager, per host | {stats(host_samples)[0]:.1f} | {stats(host_samples)[1]:.1f} |",
         "",
         f"The verdict adds {per_gpu_ms:.3f} ms per GPU plus {host_ms:.2f} ms per host: {per_gpu_ms + host_ms / count:.3f} ms per GPU on this"

@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _health
 
-NONE = {k: None for k in _health.READING_KEYS}
+NONE = dict.fromkeys(_health.READING_KEYS)
 
 
 def readings(**kw: object) -> dict:
@@ -36,8 +36,20 @@ def test_the_verdicts_are_ordered_and_never_never_fails() -> None:
 
 @pytest.mark.parametrize(
     ("xid", "bucket"),
-    [(13, "RESTART_APP"), (31, "RESTART_APP"), (43, "RESTART_APP"), (45, "RESTART_APP"), (48, "RESET_GPU"), (63, "RESET_GPU"),
-     (64, "CONTACT_SUPPORT"), (79, "RESTART_BM"), (92, "IGNORE"), (95, "RESET_GPU"), (119, "RESET_GPU"), (9999, "UNKNOWN")],
+    [
+        (13, "RESTART_APP"),
+        (31, "RESTART_APP"),
+        (43, "RESTART_APP"),
+        (45, "RESTART_APP"),
+        (48, "RESET_GPU"),
+        (63, "RESET_GPU"),
+        (64, "CONTACT_SUPPORT"),
+        (79, "RESTART_BM"),
+        (92, "IGNORE"),
+        (95, "RESET_GPU"),
+        (119, "RESET_GPU"),
+        (9999, "UNKNOWN"),
+    ],
 )
 def test_xid_buckets(xid: int, bucket: str) -> None:
     assert _health.xid_bucket(xid) == bucket
@@ -79,7 +91,10 @@ def test_kmsg_records_become_epoch_times_and_xids_are_found_since_a_time() -> No
     messages = _health.parse_kmsg(KMSG, boot=1000.0)
     assert [when for when, _m in messages] == [1005.0, 1009.0]
     events = _health.xid_events(messages, since=1002.0)
-    assert [(e["xid"], e["bus"], e["bucket"], e["time"]) for e in events] == [(13, (0, 0x18, 0), "RESTART_APP", 1005.0), (79, (0, 0x2A, 0), "RESTART_BM", 1009.0)]
+    assert [(e["xid"], e["bus"], e["bucket"], e["time"]) for e in events] == [
+        (13, (0, 0x18, 0), "RESTART_APP", 1005.0),
+        (79, (0, 0x2A, 0), "RESTART_BM", 1009.0),
+    ]
     assert events[0]["line"].startswith("NVRM: Xid (PCI:0000:18:00): 13,")
     assert _health.xid_events(messages, since=1006.0)[0]["xid"] == 79
 
@@ -157,8 +172,12 @@ def test_each_finding_gives_its_verdict_with_a_sentence(r: dict, verdict: str, w
 
 
 def test_a_row_remap_that_is_done_and_a_fabric_that_is_up_are_ok() -> None:
-    r = readings(remapped_rows={"correctable": 3, "uncorrectable": 1, "pending": False, "failure": False}, fabric={"state": "completed", "status": 0},
-                 retired_pages={"pending": False, "single_bit": 2, "double_bit": 0}, ecc_volatile_uncorrected=0)
+    r = readings(
+        remapped_rows={"correctable": 3, "uncorrectable": 1, "pending": False, "failure": False},
+        fabric={"state": "completed", "status": 0},
+        retired_pages={"pending": False, "single_bit": 2, "double_bit": 0},
+        ecc_volatile_uncorrected=0,
+    )
     assert _health.judge_gpu(r)["verdict"] == "ok"
 
 
@@ -175,7 +194,9 @@ def test_an_unknown_xid_is_not_guessed_harmless() -> None:
 
 
 def test_the_worst_finding_wins_and_every_one_is_listed() -> None:
-    r = readings(compute_mode="exclusive_process", recovery_action="node_reboot", remapped_rows={"correctable": 0, "uncorrectable": 0, "pending": True, "failure": False})
+    r = readings(
+        compute_mode="exclusive_process", recovery_action="node_reboot", remapped_rows={"correctable": 0, "uncorrectable": 0, "pending": True, "failure": False}
+    )
     h = _health.judge_gpu(r)
     assert h["verdict"] == "reboot"
     assert sorted(e.split(":")[0] for e in h["evidence"]) == ["reboot", "reset_gpu", "restart_app"]
