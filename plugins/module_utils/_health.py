@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import time
 import typing as t
 
@@ -277,20 +276,20 @@ def read_kmsg(path: str = KMSG, max_bytes: int = 16 * 1024 * 1024) -> bytes | No
     return b"".join(chunks)
 
 
-def read_journal(since: float, timeout: float = 10.0) -> list[tuple[float, str]] | None:
+#: How a command is run: argv -> (rc, stdout, stderr); the module's ``run_command``.
+Run = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
+
+
+def read_journal(since: float, run: Run | None) -> list[tuple[float, str]] | None:
     """Kernel messages since ``since`` from ``journalctl -k`` (where /dev/kmsg is not readable), or None."""
     journalctl = shutil.which("journalctl")
-    if journalctl is None:
+    if journalctl is None or run is None:
         return None
-    argv = [journalctl, "-k", "-q", "--no-pager", "-o", "short-unix", "--since", f"@{max(0.0, since):.0f}"]
-    try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
+    rc, stdout, _stderr = run([journalctl, "-k", "-q", "--no-pager", "-o", "short-unix", "--since", f"@{max(0.0, since):.0f}"])
+    if rc != 0:
         return None
     out = []
-    for line in proc.stdout.decode("utf-8", "replace").splitlines():
+    for line in stdout.splitlines():
         stamp, _sep, rest = line.partition(" ")
         try:
             when = float(stamp)
@@ -323,12 +322,12 @@ def xid_events(messages: t.Iterable[tuple[float, str]], since: float) -> list[di
     return out
 
 
-def read_xids(since: float, kernel_log: str = KMSG) -> tuple[str, list[dict[str, t.Any]]]:
-    """(source, Xid events since ``since``): source ``kmsg`` (``kernel_log`` read), ``journalctl``, or ``unreadable``."""
+def read_xids(since: float, kernel_log: str = KMSG, run: Run | None = None) -> tuple[str, list[dict[str, t.Any]]]:
+    """(source, Xid events since ``since``): source ``kmsg`` (``kernel_log`` read), ``journalctl`` (run with ``run``), or ``unreadable``."""
     data = read_kmsg(kernel_log)
     if data is not None:
         return "kmsg", xid_events(parse_kmsg(data, boot_epoch()), since)
-    journal = read_journal(since)
+    journal = read_journal(since, run)
     if journal is not None:
         return "journalctl", xid_events(journal, since)
     return "unreadable", []

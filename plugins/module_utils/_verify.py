@@ -425,10 +425,10 @@ def verdict(outcome: Outcome, every_gpu: list[Gpu], selected: int, expected_coun
     return None, f"{outcome.clean_count}/{selected} GPUs clean in {outcome.elapsed_s:.2f} s"
 
 
-def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_log: str, fail_on: str) -> dict[str, t.Any]:
+def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_log: str, fail_on: str, run: _health.Run | None = None) -> dict[str, t.Any]:
     """Attach each GPU's ``health`` to its report (Xid events by PCI address) and return the host's."""
     started = time.monotonic()
-    source, events = _health.read_xids(since, kernel_log)
+    source, events = _health.read_xids(since, kernel_log, run)
     buses = {_health.bus_key(g.pci_bus_id) for g in every_gpu if g.pci_bus_id}
     per_gpu = []
     for report, readings in zip(outcome.gpus, outcome.health):
@@ -479,7 +479,7 @@ def run(module: t.Any) -> dict[str, t.Any]:
             health=p.get("health", False),
         )
         driver = session.driver_version()
-    health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"]) if p.get("health") else None
+    health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command) if p.get("health") else None
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"

@@ -107,7 +107,7 @@ options:
   kernel_log:
     description:
       - The kernel log to read Xid errors from, in C(/dev/kmsg)'s record format. When it cannot be read (the kernel's
-        C(dmesg_restrict) without become), the module asks C(journalctl -k); when neither works, RV(health.host.kernel_log)
+        C(dmesg_restrict) without become), the module asks C(journalctl -k); when neither works, the C(kernel_log) of RV(health)'s C(host)
         is V(unreadable) and a note says so.
     type: path
     default: /dev/kmsg

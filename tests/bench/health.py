@@ -34,7 +34,7 @@ BUDGET_MS_PER_GPU = 20.0
 
 def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
     out = []
-    for _ in range(repeat):
+    for _i in range(repeat):
         t0 = time.perf_counter_ns()
         fn()
         out.append((time.perf_counter_ns() - t0) / 1000.0)
