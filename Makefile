@@ -74,8 +74,9 @@ sanity: setup
 units: setup
 	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
+# Two workers, each in a PID namespace of its own (tests/tools/functional says why); GPUOPS_TEST_WORKERS=1 for one.
 functional: setup
-	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/functional tests/sim/tests $(PYTEST_ARGS)
+	tests/tools/functional $(PYTEST_ARGS)
 
 # The host path (initial PID namespace, /dev): guarded so that it can signal only its own victims
 # (tests/host/conftest.py says how); deliberately not under pidns-run.
