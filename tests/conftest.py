@@ -26,5 +26,5 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _kit = importlib.util.find_spec("gpusim")
-if _kit is None or _kit.origin is None or Path(_kit.origin).resolve().parents[2] != ROOT:
+if _kit is None or _kit.origin is None or Path(_kit.origin).resolve().parents[3] != ROOT:
     raise RuntimeError("run `make setup` first: the test kit (tests/, tests/sim) of this checkout is not installed in the venv")
