@@ -184,7 +184,7 @@ Python shared memory and semaphores): {FILES - HELD} orphans and {HELD} mapped b
   candidates' device first), in a thread per CPU (at most 8); its cost grows with the number of processes and is
   almost all kernel work: the bare loop doing only those reads is its floor. The rest
   grows with the number of files: one directory listing, then per orphan one `fstatat` (the check
-  right before the unlink) and one `unlink`. The CPU column counts both threads.
+  right before the unlink) and one `unlink`. The CPU column counts every thread.
 - Wall time on this shared 2-core machine is not the machine's own: with a load average above the
   number of cores, wall time is up to twice the CPU time. The CPU figures are what the phase costs.
 """
