@@ -27,7 +27,6 @@ from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(HERE.parent), str(HERE.parent / "sim")]
 
 BUDGET_MS_PER_GPU = 20.0
 
