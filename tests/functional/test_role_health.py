@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from gpusim import Node
+from prometheus_client.parser import text_string_to_metric_families
 from support.ansible import local_inventory, run_playbook
 
 ROLE = "gpuops.clean_slate.clean_slate"
@@ -62,12 +63,19 @@ def test_the_verdict_is_in_every_record_and_a_host_at_the_threshold_is_red(nodes
     since = time.time()
     n3.xid(0, 13, pid=4242, name="python3")  # the job's own crash: an application error
     workers = [n2.spawn_worker(gpus=[0], mib=8000, sandbox=sb)]
-    reports = tmp_path / "reports"
+    reports, metrics = tmp_path / "reports", tmp_path / "metrics"
+    metrics.mkdir()
     inv = local_inventory(
         tmp_path / "hosts.yml",
         {"healthy": host(n1), "remap": host(n2), "app_xid": host(n3, clean_slate_health_since=str(since - 1))},
     )
-    run = run_playbook(PLAY, inventory=inv, env=n1.env(), extra_vars={"clean_slate_report_dir": str(reports)}, wrapper=sb.nsenter_prefix())
+    run = run_playbook(
+        PLAY,
+        inventory=inv,
+        env=n1.env(),
+        extra_vars={"clean_slate_report_dir": str(reports), "clean_slate_metrics_dir": str(metrics)},
+        wrapper=sb.nsenter_prefix(),
+    )
     assert run.rc == 2, run.output
     assert not any(w.alive() for w in workers)
     e = entries(run)
@@ -91,6 +99,11 @@ def test_the_verdict_is_in_every_record_and_a_host_at_the_threshold_is_red(nodes
     report = json.loads((reports / "remap.json").read_text())
     assert report["reason"] == "unhealthy" and report["health"] == red["health"]
     assert json.loads((reports / "app_xid.json").read_text())["health"]["verdict"] == "restart_app"
+    # node_exporter metrics, parsed as Prometheus parses them: the verdict by its rank, labelled with its name.
+    for name, verdict, rank in (("healthy", "ok", 0), ("app_xid", "restart_app", 1), ("remap", "reset_gpu", 2)):
+        fams = {f.name: f for f in text_string_to_metric_families((metrics / f"clean_slate_{name}.prom").read_text())}
+        [sample] = fams["clean_slate_last_run_health"].samples
+        assert (sample.labels, sample.value) == ({"host": name, "verdict": verdict}, rank)
 
 
 def test_check_mode_and_a_raised_threshold_report_without_failing(nodes, tmp_path: Path) -> None:
