@@ -31,6 +31,7 @@ wrapper kills that group), it asks the kernel for SIGKILL when its parent dies
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import pickle
 import select
@@ -54,18 +55,60 @@ ADVICE = (
 REAP_WAIT_S = 0.5
 
 _HEADER = struct.Struct("!cI")
-_ANNOUNCE = b"A"  # payload: the name of the call about to be made
-_GPU = b"G"  # payload: the index of the GPU the next calls are for ("-1": the system)
 _ANSWER = b"R"  # payload: a pickled (ok, value)
 _PR_SET_PDEATHSIG = 1
 
-_announcer: t.Callable[[str], None] | None = None  # set in the helper process only
+# Where the helper is, written before every call into a page both processes map (MAP_SHARED): a
+# sequence number, the number of calls, the GPU (-1: the system) and the call's name. A memory write costs the helper about
+# a microsecond and wakes nobody; the module looks at the page only while it waits (every
+# _WATCH_S at most), so the healthy path pays no pipe message or context switch per call.
+_SLOT = struct.Struct("!QQiH")
+_NAME_MAX = 200
+_WATCH_S = 0.05
+
+
+class _Board:
+    """The shared page: the helper writes where it is, the module reads it."""
+
+    def __init__(self) -> None:
+        self.page = mmap.mmap(-1, mmap.PAGESIZE)
+        self.seq = 0
+        self.calls = 0
+
+    def write(self, gpu: int | None, name: str | None) -> None:
+        raw = (name or "").encode("utf-8", "replace")[:_NAME_MAX]
+        self.seq += 1
+        self.calls += 1 if name else 0
+        # The name first, the header (with the new sequence number) last; the reader checks the number twice.
+        self.page[_SLOT.size : _SLOT.size + len(raw)] = raw
+        self.page[: _SLOT.size] = _SLOT.pack(self.seq, self.calls, -1 if gpu is None else gpu, len(raw))
+
+    def read(self) -> tuple[int, int, int | None, str | None]:
+        while True:
+            seq, calls, gpu, size = _SLOT.unpack_from(self.page)
+            name = bytes(self.page[_SLOT.size : _SLOT.size + size]).decode("utf-8", "replace")
+            if _SLOT.unpack_from(self.page)[0] == seq:
+                return seq, calls, (None if gpu < 0 else gpu), (name or None)
+
+    def close(self) -> None:
+        self.page.close()
+
+
+_board: _Board | None = None  # the helper's, set in the helper process only
+_gpu_now: int | None = None
 
 
 def announce(name: str) -> None:
     """Say, in the helper, that a call that may block starts now (a no-op outside the helper)."""
-    if _announcer is not None:
-        _announcer(name)
+    if _board is not None:
+        _board.write(_gpu_now, name)
+
+
+def _on_gpu(index: int | None) -> None:
+    global _gpu_now  # pylint: disable=global-statement
+    _gpu_now = index
+    if _board is not None:
+        _board.write(index, None)
 
 
 class DriverHung(_nvml.NvmlError):
@@ -177,9 +220,9 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 
 
 # ---------------------------------------------------------------------- the helper process
-def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlateError], opener: t.Callable[[], t.Any]) -> None:
+def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlateError], opener: t.Callable[[], t.Any], board: _Board) -> None:
     """The helper's life: open the session, report the GPUs, answer requests until the pipe closes."""
-    global _announcer  # pylint: disable=global-statement
+    global _board  # pylint: disable=global-statement
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -194,7 +237,7 @@ def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlate
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
-    _announcer = lambda name: _send(answers, _ANNOUNCE, name.encode("utf-8", "replace"))  # noqa: E731
+    _board = board
     if _nvml.HAS_PYNVML:
         lookup = _nvml.pynvml._nvmlGetFunctionPointer  # pylint: disable=protected-access
         _nvml.pynvml._nvmlGetFunctionPointer = lambda name: _Announced(name, lookup(name))  # pylint: disable=protected-access
@@ -206,12 +249,12 @@ def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlate
             payload = _dumps((False, CleanSlateError(f"the NVML helper could not send its answer: {exc!r}", reason=_reasons.INTERNAL_ERROR)))
         _send(answers, _ANSWER, payload)
 
-    _send(answers, _GPU, b"-1")
+    _on_gpu(None)
     announce("nvmlInit")
     try:
         session = opener()
         session.open()
-        gpus = session.gpus(skip=skip, on_gpu=lambda i: _send(answers, _GPU, str(i).encode()))
+        gpus = session.gpus(skip=skip, on_gpu=_on_gpu)
     except Exception as exc:  # pylint: disable=broad-exception-caught
         reply(False, exc)
         return
@@ -227,7 +270,7 @@ def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlate
             break
         fn, indices, args = pickle.loads(body)
         for index in indices:
-            _send(answers, _GPU, str(-1 if index is None else index).encode())
+            _on_gpu(index)
             try:
                 value = fn(session, *args) if index is None else fn(session, by_index[index], *args)
             except Exception as exc:  # pylint: disable=broad-exception-caught
@@ -235,6 +278,17 @@ def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlate
             else:
                 reply(True, value)
     session.close()
+
+
+def _exit_waiter(pid: int) -> int | None:
+    """A pidfd of ``pid`` (Linux 5.3+, Python 3.9+): readable once it exits. None where there is none."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:
+        return None
 
 
 # ---------------------------------------------------------------------- the module's side
@@ -266,6 +320,9 @@ class Prober:
         self._requests = -1
         self._answers = -1
         self._buffer = b""
+        self._board: _Board | None = None
+        self._seen = 0
+        self._calls = 0
 
     def __enter__(self) -> Prober:
         return self
@@ -301,12 +358,14 @@ class Prober:
         ans_r, ans_w = os.pipe()
         parent = os.getpid()
         skip = dict(self.hung)
+        board = self._board = _Board()
+        self._seen = self._calls = 0
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the helper (its coverage is not collected)
             try:
                 os.close(req_w)
                 os.close(ans_r)
-                _helper(req_r, ans_w, parent, skip, self.opener)
+                _helper(req_r, ans_w, parent, skip, self.opener, board)
             finally:
                 os._exit(0)
         os.close(req_r)
@@ -337,6 +396,9 @@ class Prober:
             if fd >= 0:
                 os.close(fd)
         self._requests = self._answers = -1
+        if self._board is not None:
+            self._board.close()
+            self._board = None
         if pid is None:
             return
         try:
@@ -344,18 +406,27 @@ class Prober:
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + REAP_WAIT_S
-        while True:
-            try:
-                done, _status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done:
-                return
-            if time.monotonic() >= deadline:
-                # Stuck in the driver (state D): it dies when the driver lets it, and init reaps it then.
-                self.left_behind.append(pid)
-                return
-            time.sleep(0.005)
+        waiter = _exit_waiter(pid)
+        try:
+            while True:
+                try:
+                    done, _status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    return
+                if done:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    # Stuck in the driver (state D): it dies when the driver lets it, and init reaps it then.
+                    self.left_behind.append(pid)
+                    return
+                if waiter is not None:
+                    select.select([waiter], [], [], left)  # readable once it has exited
+                else:
+                    time.sleep(min(left, 0.001))
+        finally:
+            if waiter is not None:
+                os.close(waiter)
 
     def close(self) -> None:
         """End the helper; idempotent."""
@@ -419,20 +490,23 @@ class Prober:
         return [answers[i] for i in indices]
 
     def _answer(self, state: _Waiting) -> tuple[bool, t.Any]:
-        """Read frames until an answer comes; raise :class:`DriverHung` when the current call's deadline passes."""
-        while True:
-            frame = self._frame(state)
-            kind, payload = frame
-            if kind == _ANNOUNCE:
-                self.stats.calls += 1
-                state.call = payload.decode("utf-8", "replace")
-                state.since = self.clock()
-            elif kind == _GPU:
-                number = int(payload)
-                state.gpu = None if number < 0 else number
-                state.since = self.clock()
-            else:
-                return t.cast(tuple[bool, t.Any], pickle.loads(payload))
+        """Wait for the next answer; raise :class:`DriverHung` when the current call's deadline passes."""
+        _kind, payload = self._frame(state)
+        state.since = self.clock()  # the helper moved on: the next call's time starts now
+        self._look(state)
+        return t.cast(t.Tuple[bool, t.Any], pickle.loads(payload))
+
+    def _look(self, state: _Waiting) -> bool:
+        """Read the shared page: where the helper is now. True when it moved on since the last look."""
+        if self._board is None:
+            return False
+        seq, calls, gpu, call = self._board.read()
+        if seq == self._seen:
+            return False
+        self.stats.calls += calls - self._calls
+        self._seen, self._calls = seq, calls
+        state.gpu, state.call, state.since = gpu, call or state.call, self.clock()
+        return True
 
     def _frame(self, state: _Waiting) -> tuple[bytes, bytes]:
         while True:
@@ -445,9 +519,11 @@ class Prober:
             deadline = state.since + self.probe_timeout
             if self.end is not None:
                 deadline = min(deadline, max(self.end, state.since))
-            wait = deadline - self.clock()
-            ready = select.select([self._answers], [], [], max(0.0, wait))[0] if wait > 0 else select.select([self._answers], [], [], 0)[0]
+            wait = min(deadline - self.clock(), _WATCH_S)
+            ready = select.select([self._answers], [], [], max(0.0, wait))[0]
             if not ready:
+                if self._look(state) or self.clock() < deadline:
+                    continue  # the helper moved on (a new call started), or this one still has time
                 waited = self.clock() - state.since
                 self._stop()
                 raise DriverHung(state.call or "nvmlInit", state.gpu, waited)
