@@ -510,7 +510,9 @@ def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_
         return GpuFacts(found, found, {}, problem)
     try:
         if prober is not None:
-            return _listed(prober.start(), selectors, want_processes, notes, lambda gpus: [(a.value, a.error) for a in prober.each(NvmlSession.processes, gpus)])
+            return _listed(
+                prober.start(), selectors, want_processes, notes, lambda gpus: [(a.value, a.error) for a in prober.each(NvmlSession.processes, gpus)]
+            )
         with NvmlSession() as session:
             return _listed(session.gpus(), selectors, want_processes, notes, lambda gpus: [_in_process(session, g) for g in gpus])
     except CleanSlateError as exc:

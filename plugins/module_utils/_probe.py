@@ -128,9 +128,7 @@ class Late(CleanSlateError):
     """A GPU that was not read because the overall end had passed (not hung: not asked)."""
 
     def __init__(self, gpu: int) -> None:
-        super().__init__(
-            f"GPU {gpu} was not read: the time for NVML calls ran out while another GPU's call hung.", reason=_reasons.TIMEOUT
-        )
+        super().__init__(f"GPU {gpu} was not read: the time for NVML calls ran out while another GPU's call hung.", reason=_reasons.TIMEOUT)
         self.gpu = gpu
 
 
@@ -220,7 +218,7 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 
 
 # ---------------------------------------------------------------------- the helper process
-def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlateError], opener: t.Callable[[], t.Any], board: _Board) -> None:
+def _helper(requests: int, answers: int, parent: int, skip: t.Mapping[int, CleanSlateError], opener: t.Callable[[], t.Any], board: _Board) -> None:
     """The helper's life: open the session, report the GPUs, answer requests until the pipe closes."""
     global _board  # pylint: disable=global-statement
     try:
@@ -245,7 +243,7 @@ def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlate
     def reply(ok: bool, value: t.Any) -> None:
         try:
             payload = _dumps((ok, value))
-        except Exception as exc:  # pylint: disable=broad-exception-caught
+        except Exception as exc:  # noqa: BLE001  # pylint: disable=broad-exception-caught
             payload = _dumps((False, CleanSlateError(f"the NVML helper could not send its answer: {exc!r}", reason=_reasons.INTERNAL_ERROR)))
         _send(answers, _ANSWER, payload)
 
@@ -255,7 +253,7 @@ def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlate
         session = opener()
         session.open()
         gpus = session.gpus(skip=skip, on_gpu=_on_gpu)
-    except Exception as exc:  # pylint: disable=broad-exception-caught
+    except Exception as exc:  # noqa: BLE001  # pylint: disable=broad-exception-caught
         reply(False, exc)
         return
     by_index = {g.index: g for g in gpus}
@@ -273,7 +271,7 @@ def _helper(requests: int, answers: int, parent: int, skip: dict[int, CleanSlate
             _on_gpu(index)
             try:
                 value = fn(session, *args) if index is None else fn(session, by_index[index], *args)
-            except Exception as exc:  # pylint: disable=broad-exception-caught
+            except Exception as exc:  # noqa: BLE001  # pylint: disable=broad-exception-caught
                 reply(False, exc)
             else:
                 reply(True, value)

@@ -347,7 +347,7 @@ class Outcome:
 
 
 def poll_until_clean(
-    session: NvmlSession,
+    session: NvmlSession | _probe.Prober,
     gpus: list[Gpu],
     criteria: Criteria,
     timeout: float,

@@ -79,8 +79,9 @@ def main() -> int:
         with _nvml.NvmlSession() as session:
             gpus = session.gpus()
             driver = session.driver_version()
+        kind = "simulated" if node else "real"
         lines = [
-            f"{'simulated' if node else 'real'} node: {len(gpus)} x {gpus[0].name if gpus else '?'}, driver {driver}, {args.runs} runs, python {sys.version.split()[0]}",
+            f"{kind} node: {len(gpus)} x {gpus[0].name if gpus else '?'}, driver {driver}, {args.runs} runs, python {sys.version.split()[0]}",
             "",
             "| what | in-process ms (median / p95) | helper ms (median / p95) | added (median) | note |",
             "|---|---|---|---|---|",

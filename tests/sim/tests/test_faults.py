@@ -205,9 +205,7 @@ def test_hang_blocks_a_chosen_call_on_a_chosen_gpu_forever(node) -> None:
 def test_hang_of_a_handle_lookup_only_on_its_gpu_and_of_a_system_call(node, nvml) -> None:
     node.set_fault(hang={"functions": ["nvmlDeviceGetHandleByIndex"], "gpus": [3]})
     assert nvml(node, "nvmlInit(); result = [nvmlDeviceGetUUID(nvmlDeviceGetHandleByIndex(i))[:4] for i in (0, 2, 4)]") == ["GPU-"] * 3
-    hung = subprocess.Popen(
-        [sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetHandleByIndex(3)"], env={**os.environ, **node.env()}
-    )
+    hung = subprocess.Popen([sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetHandleByIndex(3)"], env={**os.environ, **node.env()})
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             hung.wait(timeout=1)
@@ -215,10 +213,14 @@ def test_hang_of_a_handle_lookup_only_on_its_gpu_and_of_a_system_call(node, nvml
         hung.kill()
         hung.wait()
     node.set_fault(hang=["nvmlSystemGetDriverVersion"])
-    ok = subprocess.run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount()"], env={**os.environ, **node.env()}, timeout=30, check=False)
+    ok = subprocess.run(
+        [sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount()"], env={**os.environ, **node.env()}, timeout=30, check=False
+    )
     assert ok.returncode == 0
     with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlSystemGetDriverVersion()"], env={**os.environ, **node.env()}, timeout=1)
+        subprocess.run(
+            [sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlSystemGetDriverVersion()"], env={**os.environ, **node.env()}, timeout=1
+        )
 
 
 def test_hang_through_the_cli(node) -> None:

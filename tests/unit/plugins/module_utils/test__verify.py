@@ -251,7 +251,14 @@ def test_options_are_checked_before_the_gpus_are_touched(tmp_path) -> None:
         "gpus": [0, "/dev/nvidia3"],
     }
     assert _verify.validate(params) == [0, "/dev/nvidia3"]
-    bad = (("interval", 0), ("timeout", float("inf")), ("probe_timeout", 0.05), ("probe_timeout", float("nan")), ("expected_count", 2000), ("device_dir", str(tmp_path / "no")))
+    bad = (
+        ("interval", 0),
+        ("timeout", float("inf")),
+        ("probe_timeout", 0.05),
+        ("probe_timeout", float("nan")),
+        ("expected_count", 2000),
+        ("device_dir", str(tmp_path / "no")),
+    )
     for option, value in bad:
         with pytest.raises(CleanSlateError) as err:
             _verify.validate({**params, option: value})
