@@ -117,7 +117,8 @@ class DriverHung(_nvml.NvmlError):
     def __init__(self, call: str, gpu: int | None, waited_s: float) -> None:  # pylint: disable=super-init-not-called
         where = f"GPU {gpu}: " if gpu is not None else ""
         msg = f"{where}{call} did not return within {waited_s:.1f} s; the helper process making it was killed. {ADVICE}"
-        CleanSlateError.__init__(self, msg, reason=_reasons.DRIVER_HUNG, call=call, waited_s=round(waited_s, 3))
+        # NvmlError's constructor wants an NVML return code; a hang has none.
+        CleanSlateError.__init__(self, msg, reason=_reasons.DRIVER_HUNG, call=call, waited_s=round(waited_s, 3))  # pylint: disable=non-parent-init-called
         self.code = -1
         self.gpu = gpu
         self.call = call

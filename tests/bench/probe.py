@@ -43,7 +43,7 @@ def memory(session: _nvml.NvmlSession, gpu: _nvml.Gpu) -> _nvml.Memory:
 
 def timed(fn, runs: int) -> list[float]:
     out = []
-    for _ in range(runs):
+    for _run in range(runs):
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1000)
@@ -113,7 +113,7 @@ def main() -> int:
             hang_runs = max(5, args.runs // 20)
             node.set_fault(hang={"functions": ["nvmlDeviceGetMemoryInfo"], "gpus": [3]})
             took = []
-            for _ in range(hang_runs):
+            for _run in range(hang_runs):
                 with _probe.Prober(0.2) as p:
                     every = p.start()
                     t0 = time.perf_counter()
