@@ -129,7 +129,10 @@ class Late(CleanSlateError):
     """A GPU that was not read because the overall end had passed (not hung: not asked)."""
 
     def __init__(self, gpu: int) -> None:
-        super().__init__(f"GPU {gpu} was not read: the time for NVML calls ran out while another GPU's call hung.", reason=_reasons.TIMEOUT)
+        super().__init__(
+            f"GPU {gpu} was not read: the time for NVML calls ran out (the module's timeout, spent in part waiting on calls that hung).",
+            reason=_reasons.TIMEOUT,
+        )
         self.gpu = gpu
 
 
@@ -477,6 +480,11 @@ class Prober:
                     else:
                         self.hung[state.gpu] = exc
                     break  # the helper is gone: a fresh one takes the rest
+                except _OutOfTime:
+                    for index in todo:
+                        answers[index] = Answer(error=Late(-1 if index is None else index))
+                    todo = []
+                    break
                 except _HelperDied as exc:
                     failed = todo.pop(0) if todo else None
                     answers[failed] = Answer(
@@ -525,6 +533,9 @@ class Prober:
                     continue  # the helper moved on (a new call started), or this one still has time
                 waited = self.clock() - state.since
                 self._stop()
+                if waited < self.probe_timeout:
+                    # Cut short by the overall end, not by its own deadline: not proven hung, just not read.
+                    raise _OutOfTime()
                 raise DriverHung(state.call or "nvmlInit", state.gpu, waited)
             chunk = os.read(self._answers, 65536)
             if not chunk:
@@ -541,6 +552,10 @@ class _Waiting:
     since: float
     gpu: int | None
     call: str | None = None
+
+
+class _OutOfTime(Exception):
+    """The overall end came before the current call had had its probe_timeout."""
 
 
 class _HelperDied(Exception):

@@ -194,3 +194,13 @@ def test_errors_cross_the_pipe_whole() -> None:
     hung = pickle.loads(pickle.dumps(_probe.DriverHung("nvmlDeviceGetMemoryInfo_v2", 3, 1.25)))
     assert isinstance(hung, _probe.DriverHung) and (hung.gpu, hung.call, hung.reason) == (3, "nvmlDeviceGetMemoryInfo_v2", _reasons.DRIVER_HUNG)
     assert hung.result()["waited_s"] == 1.25
+
+
+def test_a_call_cut_short_by_the_end_is_late_not_hung() -> None:
+    # GPU 1 hangs with a long probe_timeout: the overall end (0.4 s away) stops the wait first, so GPU 1 is
+    # not proven hung; it and the GPUs after it were not read.
+    with _probe.Prober(30, end=time.monotonic() + 0.4, opener=FakeSession) as p:
+        every = p.start()
+        answers = p.each(read, every, (1,))
+    assert answers[0].error is None
+    assert all(isinstance(a.error, _probe.Late) for a in answers[1:]) and not p.hung
