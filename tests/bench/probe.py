@@ -28,13 +28,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-sys.path[:0] = [str(ROOT), str(HERE.parent / "sim")]
-
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _probe, _verify  # noqa: E402
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _probe, _verify
 
 
 def memory(session: _nvml.NvmlSession, gpu: _nvml.Gpu) -> _nvml.Memory:
