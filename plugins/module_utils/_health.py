@@ -60,9 +60,6 @@ VERDICTS = (OK, RESTART_APP, RESET_GPU, REBOOT, DRAIN)
 NEVER = "never"
 FAIL_ON_CHOICES = (*VERDICTS, NEVER)
 
-# The per-GPU diagnosis of a GPU whose NVML call never returned (the hang-proof probes, issue 12 part 1).
-DRIVER_HUNG = "driver_hung"
-
 ADVICE = {
     RESTART_APP: "the GPU works; restart the application (or restore the settings the last job left with gpuops.clean_slate.gpu_mode_restore).",
     RESET_GPU: (
@@ -521,7 +518,7 @@ def fabric_present(readings: t.Iterable[dict[str, t.Any]]) -> bool:
 def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None) -> dict[str, t.Any]:
     """``{verdict, evidence, readings}`` of one GPU: each finding a sentence naming its verdict, the verdict the worst."""
     found: list[tuple[str, str]] = []
-    if diagnosis == DRIVER_HUNG:
+    if diagnosis == _reasons.DRIVER_HUNG:
         found.append((REBOOT, "an NVML call on this GPU did not return (the driver is hung)"))
     elif diagnosis == _reasons.GPU_LOST:
         found.append((REBOOT, "the GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST, Xid 79)"))

@@ -27,7 +27,7 @@ import os
 import time
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _health, _nvml, _proctable, _reasons, _signals
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _health, _nvml, _probe, _proctable, _reasons, _signals
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import NvmlError, NvmlSession
 
@@ -56,6 +56,7 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     if params["mps"] is not None and params["mps"] not in MPS_STATES:
         raise CleanSlateError(f"mps must be stopped, got {params['mps']!r}.", reason=_reasons.BAD_ARGUMENTS, option="mps")
     _checks.number("mps_timeout", params["mps_timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("probe_timeout", params["probe_timeout"], 0.1, 3600, unit="seconds")
     return _nvml.parse_gpu_selectors(params["gpus"])
 
 
@@ -66,11 +67,29 @@ def mps_daemons() -> list[int]:
     return sorted(pid for name in _health.MPS_NAMES for pid in found[name] if pid not in spared)
 
 
-def compute_mode(handle: t.Any, index: int) -> str:
+def compute_mode(_session: NvmlSession, gpu: _nvml.Gpu) -> str:
+    """The GPU's compute mode by name (run in the prober's helper: a hung driver cannot hang the module)."""
     try:
-        return _health.COMPUTE_MODES.get(int(pynvml.nvmlDeviceGetComputeMode(handle)), "unknown")
+        return _health.COMPUTE_MODES.get(int(pynvml.nvmlDeviceGetComputeMode(gpu.handle)), "unknown")
     except pynvml.NVMLError as exc:
-        raise NvmlError(getattr(exc, "value", -1), "nvmlDeviceGetComputeMode", gpu=index) from None
+        raise NvmlError(getattr(exc, "value", -1), "nvmlDeviceGetComputeMode", gpu=gpu.index) from None
+
+
+def set_compute_mode(_session: NvmlSession, gpu: _nvml.Gpu, mode: int) -> str | None:
+    """Set the GPU's compute mode; None, or what NVML said (run in the prober's helper)."""
+    try:
+        pynvml.nvmlDeviceSetComputeMode(gpu.handle, mode)
+    except pynvml.NVMLError as exc:
+        return NvmlError(getattr(exc, "value", -1), "nvmlDeviceSetComputeMode", gpu=gpu.index).msg
+    return None
+
+
+def answers(replies: list[_probe.Answer]) -> list[t.Any]:
+    """The values of ``replies``; the first error (an NVML failure, a hung driver) is raised."""
+    for reply in replies:
+        if reply.error is not None:
+            raise reply.error
+    return [reply.value for reply in replies]
 
 
 def stop_mps(pids: list[int], timeout: float) -> tuple[list[int], list[int]]:
@@ -91,19 +110,21 @@ def run(module: t.Any) -> dict[str, t.Any]:
     p = module.params
     selectors = validate(p)
     want_mode, want_mps = p["compute_mode"], p["mps"]
-    with NvmlSession() as session:
-        every = session.gpus()
+    # Every NVML call runs in the prober's helper process, under probe_timeout (a hung driver fails the
+    # module with driver_hung instead of hanging it).
+    with _probe.Prober(p["probe_timeout"]) as prober:
+        every = prober.start()
         selected = _nvml.select_gpus(every, selectors)
         for gpu in selected:
             if gpu.error is not None:
                 raise gpu.error
-        before = {g.index: compute_mode(g.handle, g.index) for g in selected}
+        before = dict(zip((g.index for g in selected), answers(prober.each(compute_mode, selected))))
         mps_before = mps_daemons() if want_mps else []
         to_change = [g for g in selected if want_mode is not None and before[g.index] != want_mode]
         # Guard: a GPU still in use is not changed under its job (MPS's own server goes with the daemon).
         busy = {}
-        for g in to_change:
-            others = [proc.pid for proc in session.processes(g) if proc.pid not in mps_before]
+        for g, procs in zip(to_change, answers(prober.each(NvmlSession.processes, to_change))):
+            others = [proc.pid for proc in procs if proc.pid not in mps_before]
             if others:
                 busy[g.index] = others
         if busy:
@@ -119,12 +140,11 @@ def run(module: t.Any) -> dict[str, t.Any]:
         if not module.check_mode:
             if want_mps and mps_before:
                 ended, survivors = stop_mps(mps_before, p["mps_timeout"])
-            for g in to_change:
-                try:
-                    pynvml.nvmlDeviceSetComputeMode(g.handle, MODES[want_mode])
-                except pynvml.NVMLError as exc:
-                    failed[g.index] = NvmlError(getattr(exc, "value", -1), "nvmlDeviceSetComputeMode", gpu=g.index).msg
-            after = {g.index: compute_mode(g.handle, g.index) for g in selected}
+            if to_change:
+                for g, problem in zip(to_change, answers(prober.each(set_compute_mode, to_change, MODES[want_mode]))):
+                    if problem:
+                        failed[g.index] = problem
+            after = dict(zip((g.index for g in selected), answers(prober.each(compute_mode, selected))))
             mps_after = mps_daemons() if want_mps else []
         else:
             after = {g.index: (want_mode if g in to_change else before[g.index]) for g in selected}

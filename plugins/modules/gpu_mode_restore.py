@@ -58,6 +58,13 @@ options:
       - Seconds to wait for the MPS processes to exit after SIGTERM, from 0 to 86400.
     type: float
     default: 10
+  probe_timeout:
+    description:
+      - Seconds one NVML call may take, from 0.1 to 3600. Every NVML call runs in a helper process under this deadline,
+        as in M(gpuops.clean_slate.gpu_mem_verify); a call that does not return fails the module with RV(reason=driver_hung)
+        and nothing after it is done.
+    type: float
+    default: 10
 requirements:
   - nvidia-ml-py (C(pynvml)) on the target
   - the NVIDIA driver (C(libnvidia-ml.so.1))
@@ -92,7 +99,7 @@ reason:
       compute mode must change is still in use; nothing was changed), V(restore_failed) (a mode did not take, or the MPS
       daemon survived; the message says which), or, when the GPUs cannot be read, V(library_not_found),
       V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
-      V(needs_reset) or V(nvml_error).
+      V(needs_reset), V(driver_hung) (an NVML call did not return within O(probe_timeout)) or V(nvml_error).
   returned: failure
   type: str
   sample: busy
@@ -134,6 +141,7 @@ def main() -> None:
             "compute_mode": {"type": "str", "choices": list(_restore.MODES)},
             "mps": {"type": "str", "choices": list(_restore.MPS_STATES)},
             "mps_timeout": {"type": "float", "default": 10},
+            "probe_timeout": {"type": "float", "default": 10},
         },
         supports_check_mode=True,
     ).ready()
