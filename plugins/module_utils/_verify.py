@@ -150,16 +150,20 @@ def read_health(_session: t.Any, gpu: Gpu) -> dict[str, t.Any]:
     return _health.read_gpu(gpu.handle)
 
 
-def read_health_all(session: t.Any, gpus: list[Gpu]) -> list[dict[str, t.Any] | None]:
-    """Each GPU's health readings, under the prober's deadline when ``session`` is a Prober; None for a GPU
-    that has an error (lost, hung) or whose reading failed."""
+def read_health_all(session: t.Any, gpus: list[Gpu]) -> tuple[list[dict[str, t.Any] | None], dict[int, CleanSlateError]]:
+    """Each GPU's health readings (None for a GPU that has an error, or whose reading failed), under the
+    prober's deadline when ``session`` is a Prober, and the GPUs whose reading hung (index -> DriverHung)."""
     readable = [g for g in gpus if g.error is None]
+    hung: dict[int, CleanSlateError] = {}
     if isinstance(session, _probe.Prober):
-        answers = session.each(read_health, readable)
-        got = {g.index: (a.value if a.error is None else None) for g, a in zip(readable, answers)}
+        got = {}
+        for g, answer in zip(readable, session.each(read_health, readable)):
+            got[g.index] = answer.value if answer.error is None else None
+            if isinstance(answer.error, _probe.DriverHung):
+                hung[g.index] = answer.error
     else:
         got = {g.index: read_health(session, g) for g in readable}
-    return [got.get(g.index) for g in gpus]
+    return [got.get(g.index) for g in gpus], hung
 
 
 def processes_by_gpu(session: t.Any, gpus: list[Gpu]) -> dict[int, list[GpuProcess]]:
@@ -421,7 +425,13 @@ def poll_until_clean(
         reports.append(gpu_report(reading, diagnosis, detail, clean))
     # Once, after the polling (they do not change while memory is released); a GPU whose identity could not
     # be read, or whose driver hung, has no readings: they stay unknown.
-    health_readings = read_health_all(session, [r.gpu for r in readings]) if health else [None] * len(readings)
+    health_readings: list[dict[str, t.Any] | None] = [None] * len(readings)
+    if health:
+        health_readings, hung = read_health_all(session, [r.gpu for r in readings])
+        for report in reports:
+            if report["index"] in hung:
+                # A health query that hung is a hung driver like any other call: the GPU is not usable.
+                report.update(clean=False, diagnosis=_reasons.DRIVER_HUNG, detail=hung[report["index"]].msg)
     # Measured after the /proc scan and the diagnoses: they are part of what the verification cost.
     elapsed = clock() - start
     return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable, health=health_readings)

@@ -169,3 +169,16 @@ def test_health_off_and_bad_health_options(mod) -> None:
     assert (r["_status"], r["reason"], r.get("option")) == ("failed", "bad_arguments", "since"), r
     r = verify(mod, since="2026-12-01T08:00:00Z")
     assert r["_status"] == "ok" and r["health"]["since"] == datetime.datetime(2026, 12, 1, 8, tzinfo=datetime.timezone.utc).timestamp()
+
+
+def test_a_health_query_that_hangs_is_a_hung_driver_and_the_others_are_judged(mod, node) -> None:
+    node.set_fault(hang={"functions": ["nvmlDeviceGetRemappedRows"], "gpus": [3]})
+    node.set_health(5, remap_pending=1)
+    r = verify(mod, probe_timeout=1)
+    assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+    g3 = r["gpus"][3]
+    assert g3["diagnosis"] == "driver_hung" and g3["clean"] is False and "nvmlDeviceGetRemappedRows" in g3["detail"]
+    assert g3["health"]["verdict"] == "reboot" and g3["health"]["readings"]["remapped_rows"] is None
+    # The GPUs after it were still read, by a fresh helper.
+    assert r["gpus"][5]["health"]["verdict"] == "reset_gpu" and r["gpus"][7]["health"]["readings"]["fabric"] is not None
+    assert r["health"]["verdict"] == "reboot"
