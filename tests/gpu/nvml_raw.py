@@ -12,6 +12,7 @@ NVML answered, or the NVML error name when it refused (NOT_SUPPORTED on a GPU wi
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import pickle
@@ -29,10 +30,34 @@ COMPUTE = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_p
 
 
 def _call(fn: t.Callable[[], t.Any]) -> t.Any:
-    try:
-        return fn()
-    except n.NVMLError as exc:
-        return {"error": type(exc).__name__.replace("NVMLError_", "") or str(exc), "text": str(exc)}
+    """fn() in a forked child, so that a call that crashes the process (a struct of the wrong size
+    for this driver) is recorded as such instead of ending the whole reading."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            try:
+                value: t.Any = fn()
+            except n.NVMLError as exc:
+                value = {"error": type(exc).__name__.replace("NVMLError_", "") or str(exc), "text": str(exc)}
+            except Exception as exc:  # noqa: BLE001 (recorded, this is a probe)
+                value = {"error": type(exc).__name__, "text": str(exc)}
+            os.write(w, json.dumps(value).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while True:
+        data = os.read(r, 65536)
+        if not data:
+            break
+        chunks.append(data)
+    os.close(r)
+    _pid, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return {"error": "crashed", "text": f"the call killed its process with signal {os.WTERMSIG(status)}"}
+    return json.loads(b"".join(chunks) or b"null")
 
 
 def _recovery(h: t.Any) -> t.Any:
@@ -43,13 +68,20 @@ def _recovery(h: t.Any) -> t.Any:
 
 
 def _fabric(h: t.Any) -> dict[str, t.Any]:
-    if hasattr(n, "nvmlDeviceGetGpuFabricInfoV"):
-        info = n.c_nvmlGpuFabricInfo_v3_t() if hasattr(n, "c_nvmlGpuFabricInfo_v3_t") else n.c_nvmlGpuFabricInfoV_t()
-        info.version = getattr(n, "nvmlGpuFabricInfo_v3", getattr(n, "nvmlGpuFabricInfo_v2", 0))
-        n.nvmlDeviceGetGpuFabricInfoV(h, info)
+    # The versioned call with the struct version this nvidia-ml-py knows (v3 in 13.x, v2 before).
+    if hasattr(n, "c_nvmlGpuFabricInfo_v3_t") and hasattr(n, "nvmlGpuFabricInfo_v3"):
+        info = n.c_nvmlGpuFabricInfo_v3_t()
+        info.version = n.nvmlGpuFabricInfo_v3
     else:
-        info = n.c_nvmlGpuFabricInfo_t()
-        n.nvmlDeviceGetGpuFabricInfo(h, info)
+        info = n.c_nvmlGpuFabricInfoV_t()
+        info.version = n.nvmlGpuFabricInfo_v2
+    n.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
+    return {"state": FABRIC.get(info.state, info.state), "status": int(info.status)}
+
+
+def _fabric_v1(h: t.Any) -> dict[str, t.Any]:
+    info = n.c_nvmlGpuFabricInfo_t()
+    n.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
     return {"state": FABRIC.get(info.state, info.state), "status": int(info.status)}
 
 
@@ -73,6 +105,7 @@ def readings(h: t.Any) -> dict[str, t.Any]:
         "retired_pages": _call(lambda: _retired(h)),
         "ecc_volatile_uncorrected": _call(lambda: int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))),
         "fabric": _call(lambda: _fabric(h)),
+        "fabric_v1": _call(lambda: _fabric_v1(h)),
         "compute_mode": _call(lambda: COMPUTE.get(n.nvmlDeviceGetComputeMode(h), n.nvmlDeviceGetComputeMode(h))),
         "mig_mode": _call(lambda: dict(zip(("current", "pending"), (bool(x) for x in n.nvmlDeviceGetMigMode(h))))),
         "persistence_mode": _call(lambda: bool(n.nvmlDeviceGetPersistenceMode(h))),

@@ -7,8 +7,9 @@ when the job is killed mid-run:
 * torchrun's agent: its run directory ``$TMPDIR/torchelastic_*`` and the TCPStore listening on the
   master port (gone with the process; the port must be free for the restart);
 * every rank: CPU tensors shared with the ``file_system`` strategy, which torch keeps in
-  ``/dev/shm/torch_<pid>_<random>_<n>`` files; its torch_shm_manager would unlink them when the
-  ranks exit, but a kill of the whole job kills it too;
+  ``/dev/shm/torch_<pid>_<random>_<n>`` files, and the torch_shm_manager it starts, listening on
+  ``$TMPDIR/torch-shm-dir-XXXXXX/manager.sock``; the manager unlinks both when the ranks exit, but
+  a kill of the whole job kills it too (found on the H200: the role's default globs miss that socket);
 * rank 0: a ZMQ-style ``ipc://`` unix socket bound at ``$TMPDIR/tmpXXXXXXXX`` (SGLang's naming; a
   stale socket file makes the next bind fail with EADDRINUSE), and torch cpp_extension's JIT
   compile baton (``torch.utils.file_baton.FileBaton``: the lock is the file's existence, so a killed
@@ -17,8 +18,8 @@ when the job is killed mid-run:
 
 Simulated node (--sim, or no torch): ``--launcher`` plays the agent (the same run directory and
 listening port) and each rank holds simulated GPU memory through a gpusim-worker child; the shm
-file is created as libshm does (an O_EXCL create under /dev/shm, sized and mapped), the baton as
-FileBaton does. Everything else is the same code.
+file is created as libshm does (an O_EXCL create under /dev/shm, sized and mapped), the manager's
+socket directory as torch_shm_manager makes it, the baton as FileBaton does. Everything else is the same code.
 
 Every process carries GPUOPS16_TAG in its environment, so the harness kills exactly the job's
 processes. A rank writes ``$GPUOPS16_INFO/ready.<rank>`` (JSON: pid, shm files) once it is working;
@@ -132,6 +133,15 @@ def rank_main(rank: int, sim_worker: list[str] | None) -> int:
             shared.append(torch.ones(1 << 20).share_memory_())  # /dev/shm/torch_<pid>_* (file_system strategy)
         grad = torch.ones(1 << 16)
     else:
+        # torch_shm_manager's part: a unix socket in mkdtemp(prefix="torch-shm-dir-") of $TMPDIR, which
+        # the manager removes when its last client is gone (and nobody removes when it is killed).
+        import tempfile
+
+        mgr_dir = tempfile.mkdtemp(prefix="torch-shm-dir-")
+        mgr = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        mgr.bind(os.path.join(mgr_dir, "manager.sock"))
+        mgr.listen(8)
+        held["manager"] = (mgr, mgr_dir)
         worker = subprocess.Popen(sim_worker, stdout=subprocess.PIPE, text=True)
         if worker.stdout is None or not worker.stdout.readline():
             return 5
@@ -166,6 +176,10 @@ def rank_main(rank: int, sim_worker: list[str] | None) -> int:
         worker.wait()
         for path in _shm_files(os.getpid()):
             os.unlink(path)  # libshm's manager unlinks them when the last client is gone
+    if "manager" in held:
+        held["manager"][0].close()
+        os.unlink(os.path.join(held["manager"][1], "manager.sock"))
+        os.rmdir(held["manager"][1])
     if "sock" in held:
         held["sock"].close()
         os.unlink(paths["ipc"])

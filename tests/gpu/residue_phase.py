@@ -190,6 +190,7 @@ def run(h: t.Any) -> dict[str, t.Any]:
         h.check("residue: ... a torchelastic run directory", any("/torchelastic_" in x and x.endswith("(dir)") for x in left["tree"]), str(left["tree"]))
         h.check("residue: ... its ipc socket file", str(paths["ipc"]) in left["sockets"], str(left["sockets"]))
         h.check("residue: ... the JIT baton and the flock file", paths["baton"].exists() and paths["flock"].exists())
+        out["shm_manager_sockets"] = [x for x in left["sockets"] if "/torch-shm-dir-" in x]
         # The residue matters: the same job cannot start while it is there.
         t1 = time.monotonic()
         blocked = job.start(steps=5)
@@ -207,7 +208,9 @@ def run(h: t.Any) -> dict[str, t.Any]:
             "clean_slate_residue_shm": shm_globs,
             "clean_slate_residue_sockets": [str(base / "tmp????????")],
             "clean_slate_residue_locks": [str(base / "cache" / "torch_extensions" / "**" / "lock"), str(base / "cache" / "flashinfer" / "**" / "*.lock")],
-            "clean_slate_residue_dirs": [str(base / "torchelastic_*")],
+            # torch_shm_manager's directory ($TMPDIR/torch-shm-dir-XXXXXX, holding its manager.sock), left when
+            # the manager is killed with the job: the H200 run found it; the role's default globs miss it.
+            "clean_slate_residue_dirs": [str(base / "torchelastic_*"), str(base / "torch-shm-dir-*")],
             "clean_slate_residue_remove": ["shm", "sockets", "locks", "dirs"],
             "clean_slate_residue_ports": [port],
             "clean_slate_report_dir": str(h.tmp / "reports-residue"),
@@ -224,7 +227,7 @@ def run(h: t.Any) -> dict[str, t.Any]:
         remaining = diff(before, now)
         out["left_after_role"] = remaining
         h.check("residue: the role removed the shm files", not any(n in now["shm"] for n in ours_shm), str(remaining["shm"]))
-        h.check("residue: ... the socket file, the baton, the flock file and the run directory", not (paths["ipc"].exists() or paths["baton"].exists() or paths["flock"].exists() or list(base.glob("torchelastic_*"))), str(remaining["tree"]))
+        h.check("residue: ... the socket files, the baton, the flock file and the run and shm-manager directories", not (paths["ipc"].exists() or paths["baton"].exists() or paths["flock"].exists() or list(base.glob("torchelastic_*")) or list(base.glob("torch-shm-dir-*"))), str(remaining["tree"]))
         h.check("residue: everything outside the job's files is untouched", set(before["shm"]) <= set(now["shm"]) and set(before["tmp"]) <= set(now["tmp"]))
         # The same job now starts and runs to its end.
         t2 = time.monotonic()

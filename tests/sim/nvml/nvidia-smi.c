@@ -498,11 +498,12 @@ static void table(void)
 
 /* ------------------------------------------------------------ -q report */
 
-/* "key : value" with the colon in column 42, as the real report aligns it at every depth. */
+/* "key : value" with the colon in column 55, as the real report (driver 580) aligns it at every depth. */
+#define Q_COLON 55
 static void q_line(int depth, const char *key, const char *value)
 {
     int indent = 4 * depth;
-    printf("%*s%-*s: %s\n", indent, "", 42 - indent, key, value);
+    printf("%*s%-*s: %s\n", indent, "", Q_COLON - indent, key, value);
 }
 
 static void q_section(int depth, const char *title)
@@ -530,10 +531,10 @@ static void query_report(void)
     strftime(stamp, sizeof stamp, "%a %b %e %H:%M:%S %Y", localtime(&now));
     p_nvmlSystemGetCudaDriverVersion_v2(&cuda);
     printf("\n==============NVSMI LOG==============\n\n");
-    printf("%-42s: %s\n", "Timestamp", stamp);
-    printf("%-42s: %s\n", "Driver Version", driver_version);
-    printf("%-42s: %d.%d\n\n", "CUDA Version", cuda / 1000, (cuda % 1000) / 10);
-    printf("%-42s: %u\n", "Attached GPUs", device_count);
+    printf("%-*s: %s\n", Q_COLON, "Timestamp", stamp);
+    printf("%-*s: %s\n", Q_COLON, "Driver Version", driver_version);
+    printf("%-*s: %d.%d\n\n", Q_COLON, "CUDA Version", cuda / 1000, (cuda % 1000) / 10);
+    printf("%-*s: %u\n", Q_COLON, "Attached GPUs", device_count);
     for (unsigned k = 0; k < ngpus; k++) {
         const gpu_t *g = &gpus[k];
         nvmlEnableState_t cur, pend;
@@ -604,13 +605,17 @@ static void query_report(void)
         if (p_nvmlDeviceGetRemappedRows && p_nvmlDeviceGetRemappedRows(g->dev, &a, &b, &c, &d) == NVML_SUCCESS) {
             snprintf(buf, sizeof buf, "%u", a);
             q_line(2, "Correctable Error", buf);
+            q_line(2, "Inactive Correctable Error", "0");
             snprintf(buf, sizeof buf, "%u", b);
             q_line(2, "Uncorrectable Error", buf);
+            q_line(2, "Inactive Uncorrectable Error", "0");
             q_line(2, "Pending", yes_no(c));
             q_line(2, "Remapping Failure Occurred", yes_no(d));
         } else {
             q_line(2, "Correctable Error", "N/A");
+            q_line(2, "Inactive Correctable Error", "N/A");
             q_line(2, "Uncorrectable Error", "N/A");
+            q_line(2, "Inactive Uncorrectable Error", "N/A");
             q_line(2, "Pending", "N/A");
             q_line(2, "Remapping Failure Occurred", "N/A");
         }
