@@ -29,35 +29,15 @@ FABRIC = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"
 COMPUTE = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
 
+def _error(exc: BaseException) -> dict[str, str]:
+    return {"error": type(exc).__name__.replace("NVMLError_", "") or str(exc), "text": str(exc)}
+
+
 def _call(fn: t.Callable[[], t.Any]) -> t.Any:
-    """fn() in a forked child, so that a call that crashes the process (a struct of the wrong size
-    for this driver) is recorded as such instead of ending the whole reading."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            try:
-                value: t.Any = fn()
-            except n.NVMLError as exc:
-                value = {"error": type(exc).__name__.replace("NVMLError_", "") or str(exc), "text": str(exc)}
-            except Exception as exc:  # noqa: BLE001 (recorded, this is a probe)
-                value = {"error": type(exc).__name__, "text": str(exc)}
-            os.write(w, json.dumps(value).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks = []
-    while True:
-        data = os.read(r, 65536)
-        if not data:
-            break
-        chunks.append(data)
-    os.close(r)
-    _pid, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return {"error": "crashed", "text": f"the call killed its process with signal {os.WTERMSIG(status)}"}
-    return json.loads(b"".join(chunks) or b"null")
+    try:
+        return fn()
+    except n.NVMLError as exc:
+        return _error(exc)
 
 
 def _recovery(h: t.Any) -> t.Any:
@@ -97,27 +77,41 @@ def _remapped(h: t.Any) -> dict[str, t.Any]:
     return {"correctable": int(corr), "uncorrectable": int(unc), "pending": bool(pending), "failure": bool(failure)}
 
 
-def readings(h: t.Any) -> dict[str, t.Any]:
-    """The shared interface's `readings` keys, as pynvml gives them."""
+def readings(h: t.Any) -> dict[str, t.Callable[[], t.Any]]:
+    """The shared interface's `readings` keys, each a call to pynvml."""
     return {
-        "recovery_action": _call(lambda: _recovery(h)),
-        "remapped_rows": _call(lambda: _remapped(h)),
-        "retired_pages": _call(lambda: _retired(h)),
-        "ecc_volatile_uncorrected": _call(lambda: int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))),
-        "fabric": _call(lambda: _fabric(h)),
-        "fabric_v1": _call(lambda: _fabric_v1(h)),
-        "compute_mode": _call(lambda: COMPUTE.get(n.nvmlDeviceGetComputeMode(h), n.nvmlDeviceGetComputeMode(h))),
-        "mig_mode": _call(lambda: dict(zip(("current", "pending"), (bool(x) for x in n.nvmlDeviceGetMigMode(h))))),
-        "persistence_mode": _call(lambda: bool(n.nvmlDeviceGetPersistenceMode(h))),
-        "ecc_mode": _call(lambda: dict(zip(("current", "pending"), (bool(x) for x in n.nvmlDeviceGetEccMode(h))))),
+        "recovery_action": lambda: _recovery(h),
+        "remapped_rows": lambda: _remapped(h),
+        "retired_pages": lambda: _retired(h),
+        "ecc_volatile_uncorrected": lambda: int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)),
+        "fabric": lambda: _fabric(h),
+        "fabric_v1": lambda: _fabric_v1(h),
+        "compute_mode": lambda: COMPUTE.get(n.nvmlDeviceGetComputeMode(h), n.nvmlDeviceGetComputeMode(h)),
+        "mig_mode": lambda: dict(zip(("current", "pending"), (bool(x) for x in n.nvmlDeviceGetMigMode(h)))),
+        "persistence_mode": lambda: bool(n.nvmlDeviceGetPersistenceMode(h)),
+        "ecc_mode": lambda: dict(zip(("current", "pending"), (bool(x) for x in n.nvmlDeviceGetEccMode(h)))),
     }
+
+
+def _isolated(index: int, key: str) -> t.Any:
+    """One reading in a fresh process of its own (NVML initialised there): a call that crashes its
+    process (a struct of the wrong size for this driver) is recorded as such and the others go on.
+    Not a fork: on the real driver a forked child cannot use its parent's NVML (Uninitialized)."""
+    proc = subprocess.run([sys.executable, __file__, "--one", str(index), key], capture_output=True, text=True, check=False)
+    if proc.returncode < 0:
+        return {"error": "crashed", "text": f"the call killed its process with signal {-proc.returncode}"}
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {"error": "no_answer", "text": (proc.stdout + proc.stderr)[-500:]}
 
 
 def read_all() -> dict[str, t.Any]:
     gpus = []
     for i in range(n.nvmlDeviceGetCount()):
         h = n.nvmlDeviceGetHandleByIndex(i)
-        gpus.append({"index": i, "uuid": n.nvmlDeviceGetUUID(h), "bus_id": n.nvmlDeviceGetPciInfo(h).busId, "readings": readings(h)})
+        values = {key: _isolated(i, key) for key in readings(None)}
+        gpus.append({"index": i, "uuid": n.nvmlDeviceGetUUID(h), "bus_id": n.nvmlDeviceGetPciInfo(h).busId, "readings": values})
     return {"driver": n.nvmlSystemGetDriverVersion(), "nvml": n.nvmlSystemGetNVMLVersion(), "nvidia_ml_py": getattr(n, "__version__", "?"), "gpus": gpus}
 
 
@@ -128,13 +122,23 @@ def _one(h: t.Any) -> t.Any:
     return (m.used, m.reserved, [p.pid for p in procs])
 
 
-def _forked(h: t.Any) -> t.Any:
-    """One call in a forked child that sends its result back through a pipe (a per-call helper)."""
+def _forked(h: t.Any, init: bool = False) -> t.Any:
+    """One call in a forked child that sends its result back through a pipe (a per-call helper).
+    init: the child calls nvmlInit itself (the parent's initialisation does not carry over a fork)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            os.write(w, pickle.dumps(_one(h)))
+            try:
+                if init:
+                    n.nvmlInit()
+                    value: t.Any = _one(n.nvmlDeviceGetHandleByIndex(0))
+                    n.nvmlShutdown()
+                else:
+                    value = _one(h)
+            except n.NVMLError as exc:
+                value = _error(exc)
+            os.write(w, pickle.dumps(value))
         finally:
             os._exit(0)
     os.close(w)
@@ -175,7 +179,10 @@ def timing(calls: int = 200) -> dict[str, t.Any]:
 
     out: dict[str, t.Any] = {"call": "nvmlDeviceGetMemoryInfo(v2) + nvmlDeviceGetComputeRunningProcesses on GPU 0"}
     out["in_process"] = per_call(lambda: _one(h), calls)
-    out["fork_per_call"] = per_call(lambda: _forked(h), max(20, calls // 4))
+    # Does a forked child reach NVML through its parent's initialisation? (The real driver: no.)
+    out["fork_without_init_answer"] = _forked(h)
+    out["fork_with_init_answer"] = _forked(h, init=True)
+    out["fork_per_call_with_init"] = per_call(lambda: _forked(h, init=True), max(20, calls // 4))
     start = time.perf_counter()
     helper = subprocess.Popen([sys.executable, "-c", HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert helper.stdout is not None and helper.stdin is not None
@@ -198,8 +205,13 @@ def timing(calls: int = 200) -> dict[str, t.Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--time", action="store_true", help="also time the wrapper variants")
+    p.add_argument("--one", nargs=2, metavar=("INDEX", "KEY"), help=argparse.SUPPRESS)
     a = p.parse_args()
     n.nvmlInit()
+    if a.one:
+        fn = readings(n.nvmlDeviceGetHandleByIndex(int(a.one[0])))[a.one[1]]
+        print(json.dumps(_call(fn)))
+        return 0
     try:
         data = read_all()
         if a.time:
