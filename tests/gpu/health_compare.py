@@ -108,7 +108,15 @@ def _bool(v: t.Any) -> t.Any:
     return v
 
 
-SMI_RECOVERY = {"none": "none", "reset": "gpu_reset", "gpu reset": "gpu_reset", "reboot": "node_reboot", "node reboot": "node_reboot", "drain p2p": "drain_p2p", "drain and reset": "drain_and_reset"}
+SMI_RECOVERY = {
+    "none": "none",
+    "reset": "gpu_reset",
+    "gpu reset": "gpu_reset",
+    "reboot": "node_reboot",
+    "node reboot": "node_reboot",
+    "drain p2p": "drain_p2p",
+    "drain and reset": "drain_and_reset",
+}
 SMI_FABRIC = {"not supported": "not_supported", "not started": "not_started", "in progress": "in_progress", "completed": "completed"}
 
 

@@ -42,7 +42,11 @@ def main() -> int:
                 problems[what] = f"{type(exc).__name__}: {exc.strerror}"
         if not problems:
             continue
-        status = {k: v.strip() for k, _s, v in (line.partition(":") for line in _read(f"/proc/{name}/status").splitlines()) if k in ("Name", "State", "PPid", "Uid", "Gid", "NSpid", "Kthread", "CapEff")}
+        status = {
+            k: v.strip()
+            for k, _s, v in (line.partition(":") for line in _read(f"/proc/{name}/status").splitlines())
+            if k in ("Name", "State", "PPid", "Uid", "Gid", "NSpid", "Kthread", "CapEff")
+        }
         ns = {}
         for kind in me:
             try:

@@ -94,8 +94,8 @@ def rank_main(rank: int, sim_worker: list[str] | None) -> int:
     torch: t.Any = None
     dist: t.Any = None
     if sim_worker is None:
-        import torch  # noqa: F811 (only on the real node)
-        import torch.distributed as dist  # noqa: F811
+        import torch  # only on the real node
+        import torch.distributed as dist
         import torch.multiprocessing as tmp_mp
         from torch.utils.file_baton import FileBaton
 

@@ -227,7 +227,17 @@ def run(h: t.Any) -> dict[str, t.Any]:
         remaining = diff(before, now)
         out["left_after_role"] = remaining
         h.check("residue: the role removed the shm files", not any(n in now["shm"] for n in ours_shm), str(remaining["shm"]))
-        h.check("residue: ... the socket files, the baton, the flock file and the run and shm-manager directories", not (paths["ipc"].exists() or paths["baton"].exists() or paths["flock"].exists() or list(base.glob("torchelastic_*")) or list(base.glob("torch-shm-dir-*"))), str(remaining["tree"]))
+        h.check(
+            "residue: ... the socket files, the baton, the flock file and the run and shm-manager directories",
+            not (
+                paths["ipc"].exists()
+                or paths["baton"].exists()
+                or paths["flock"].exists()
+                or list(base.glob("torchelastic_*"))
+                or list(base.glob("torch-shm-dir-*"))
+            ),
+            str(remaining["tree"]),
+        )
         h.check("residue: everything outside the job's files is untouched", set(before["shm"]) <= set(now["shm"]) and set(before["tmp"]) <= set(now["tmp"]))
         # The same job now starts and runs to its end.
         t2 = time.monotonic()

@@ -425,10 +425,13 @@ class Harness:
         tasks = [
             {"name": "kill", "gpuops.clean_slate.gpu_procs_kill": {"grace_period": GRACE, "kill_timeout": 10, "device_dir": self.b.device_dir}},
             # Narrowed to nothing that exists: this row measures the module's cost, not a cleaning.
-            {"name": "residue", "gpuops.clean_slate.gpu_job_residue": {"shm": ["/dev/shm/gpuops16-none-*"], "sockets": ["/tmp/gpuops16-none-*"], "locks": [], "dirs": []}},
+            {
+                "name": "residue",
+                "gpuops.clean_slate.gpu_job_residue": {"shm": ["/dev/shm/gpuops16-none-*"], "sockets": ["/tmp/gpuops16-none-*"], "locks": [], "dirs": []},
+            },
             {"name": "verify", "gpuops.clean_slate.gpu_mem_verify": {"expected_count": self.b.count, "device_dir": self.b.device_dir}},
         ]
-        rc, wall, records, out = self.a.run(self.a.play(tasks))
+        rc, wall, _records, out = self.a.run(self.a.play(tasks))
         self.check(f"{name}: the modules-only play (kill, residue, verify) succeeds", rc == 0 and not any(p.alive() for p in procs), out)
         self.cleanup(procs)
         return wall
@@ -468,7 +471,20 @@ class Harness:
 
 
 # Actions that run in the controller's own process: no module is shipped to the host for them.
-CONTROLLER_ACTIONS = {"set_fact", "debug", "set_stats", "fail", "assert", "meta", "include_tasks", "import_tasks", "include_role", "import_role", "include_vars"}
+CONTROLLER_ACTIONS = {
+    "set_fact",
+    "debug",
+    "set_stats",
+    "fail",
+    "assert",
+    "meta",
+    "validate_argument_spec",
+    "include_tasks",
+    "import_tasks",
+    "include_role",
+    "import_role",
+    "include_vars",
+}
 
 
 def executions(records: list[dict[str, t.Any]]) -> dict[str, t.Any]:
@@ -547,8 +563,15 @@ def failures(h: Harness) -> dict[str, t.Any]:
         path = reports / f"{host}.json"
         report = json.loads(path.read_text()) if path.exists() else {}
         pub = published.get(host, {})
-        out[host] = {"report": {k: report.get(k) for k in ("clean", "phase", "reason", "msg", "summary")}, "set_stats": {k: pub.get(k) for k in ("clean", "reason")}}
-        h.check(f"failure: {host}: red with reason {'/'.join(want)} in the JSON report", report.get("clean") is False and report.get("reason") in want, json.dumps(report)[:2000])
+        out[host] = {
+            "report": {k: report.get(k) for k in ("clean", "phase", "reason", "msg", "summary")},
+            "set_stats": {k: pub.get(k) for k in ("clean", "reason")},
+        }
+        h.check(
+            f"failure: {host}: red with reason {'/'.join(want)} in the JSON report",
+            report.get("clean") is False and report.get("reason") in want,
+            json.dumps(report)[:2000],
+        )
         h.check(f"failure: {host}: ... and in set_stats clean_slate", pub.get("clean") is False and pub.get("reason") in want, json.dumps(published)[:2000])
         print(f"    {host}: {out[host]['report'].get('summary')} | reason {report.get('reason')}: {str(report.get('msg'))[:300]}", flush=True)
     h.check("failure: the playbook exits non-zero", rc != 0, text)
@@ -594,7 +617,9 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int, phases: t.Sequence[st
             print(f"    NVML call timing: {json.dumps(data['nvml_raw'].get('timing'))}", flush=True)
             hc = health_compare.compare(backend, ansible)
             print(health_compare.format_table(hc), flush=True)
-            h.check("health: nvidia-smi -q and pynvml agree on every reading", not [r for r in hc["rows"] if r["nvidia-smi"] != r["pynvml"]], str(hc["disagree"]))
+            h.check(
+                "health: nvidia-smi -q and pynvml agree on every reading", not [r for r in hc["rows"] if r["nvidia-smi"] != r["pynvml"]], str(hc["disagree"])
+            )
             if hc["module_has_health"]:
                 h.check("health: the module's readings agree with nvidia-smi -q and pynvml", not hc["disagree"], str(hc["disagree"]))
             data["health"] = hc
@@ -706,7 +731,8 @@ def format_table(rows: list[dict[str, t.Any]], info: dict[str, t.Any], empty: fl
         ratio = r["pipeline"] / work if work and not math.isnan(work) else float("nan")
         lines.append(
             f"| {r['scenario']} | {r['floor']:.3f} | {work:.3f} | {r['kill_module']:.3f} | {r['handover']:.3f} | {r['module']:.3f}"
-            f" | {r['kill_alone_play']:.2f} | {r['modules_play']:.2f} | {r['playbook']:.2f} | {r['module_executions']} of {r['tasks_run']} tasks | {r['pipeline']:.2f}"
+            f" | {r['kill_alone_play']:.2f} | {r['modules_play']:.2f} | {r['playbook']:.2f}"
+            f" | {r['module_executions']} of {r['tasks_run']} tasks | {r['pipeline']:.2f}"
             f"{'' if r['pipeline_clean'] else ' (not clean)'} | {ratio:.1f}x | {work - r['floor']:+.3f} |"
         )
     return "\n".join(lines)
