@@ -745,7 +745,19 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1, help="floor and module runs per scenario (median)")
     p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, in this order: {','.join(PHASES)}")
+    p.add_argument(
+        "--pidns",
+        action="store_true",
+        help="run in a private PID namespace (unshare --pid --fork --mount-proc; /dev/shm and /tmp stay the machine's),"
+        " so that the residue scan sees this run's processes only: for machines whose PID 1 root cannot inspect",
+    )
     a = p.parse_args()
+    if a.pidns and os.environ.get("GPUOPS16_PIDNS") != "1":
+        # The harness becomes PID 1 of the namespace: the machine's own init (on the device machines
+        # a Firecracker init whose maps root cannot read) is then out of the residue scan's sight.
+        argv = [x for x in sys.argv[1:] if x != "--pidns"]
+        os.environ["GPUOPS16_PIDNS"] = "1"
+        os.execvp("unshare", ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, __file__, *argv])
     phases = [x for x in a.phases.split(",") if x]
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
