@@ -13,6 +13,14 @@ For each scenario the workloads are started afresh four times, to measure:
 * pipeline: the hand-run commands of the developers' guide (tests/gpu/pipeline.sh)
   in a private PID namespace, so that they cannot kill this harness.
 
+Before the speed rows (phase "speed") come, each selectable with --phases: "health" (the
+verdict's readings: the module's, nvidia-smi -q's and pynvml's, health_compare.py; NVML call
+costs, nvml_raw.py), "failures" (a container-scope miss and a wrong expected GPU count: red with
+the right reason, in the report and in set_stats) and "residue" (a torchrun job killed mid-run, its
+residue listed, the role run on it, the job restarted: residue_phase.py). The speed phase also
+times gpu_procs_kill alone, a modules-only play and an empty one-task playbook, and counts the
+playbook's module executions per host.
+
 It asserts what must hold on real hardware (every workload ends, every GPU reads
 clean with v2 used <= 64 MiB, idle reads clean, the management client and Ansible
 survive, a second run changes nothing, gpus: [1] touches only GPU 1) and prints
