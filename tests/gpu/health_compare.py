@@ -255,8 +255,7 @@ def format_table(data: dict[str, t.Any]) -> str:
 
 
 def main() -> int:
-    sys.path[:0] = [str(HERE)]
-    import validate
+    import validate  # beside this script: its folder is sys.path[0] when it runs as a script
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sim", action="store_true")

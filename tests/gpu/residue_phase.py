@@ -21,9 +21,9 @@ import time
 import typing as t
 from pathlib import Path
 
+import residue_job  # beside this file, imported by validate.py run as a script (its folder is sys.path[0])
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE)]
-import residue_job  # noqa: E402  (the job's own path names)
 
 
 def tagged_pids(tag: str) -> list[int]:

@@ -46,7 +46,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path[:0] = [str(HERE)]  # health_compare, residue_phase, residue_job beside this file
 GRACE = 2.0
 MIB = 1 << 20
 
