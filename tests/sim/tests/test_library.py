@@ -30,6 +30,9 @@ IMPLEMENTED = {
     "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2",
     "nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetRunningProcessDetailList",
     "nvmlDeviceGetFieldValues", "nvmlDeviceGetMigMode", "nvmlDeviceGetComputeMode", "nvmlDeviceGetPersistenceMode",
+    # Health (issue 12, nvml/health.c).
+    "nvmlDeviceSetComputeMode", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRetiredPages", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
 }  # fmt: skip
 
 

@@ -26,9 +26,10 @@ CONSTANTS = {name: value for name, value in vars(_reasons).items() if name.isupp
 VALUES = set(CONSTANTS.values())
 MODULE_REASONS = {r for reasons in _reasons.MODULES.values() for r in reasons}
 # Reason values that are ordinary words elsewhere too: an option and a command (timeout), a result key (clean),
-# a process outcome (unkillable). They may appear as text; where a reason is given or compared they are checked
-# like every other reason.
-ALSO_WORDS = {"timeout", "clean", "unkillable"}
+# a process outcome (unkillable), an NVLink fabric state (not_supported, NVML_GPU_FABRIC_STATE_NOT_SUPPORTED), a
+# service's state (not_running: nvidia-fabricmanager in the health verdict). They may appear as text; where a reason
+# is given or compared they are checked like every other reason.
+ALSO_WORDS = {"timeout", "clean", "unkillable", "not_supported", "not_running"}
 
 
 def parsed(path: Path) -> ast.Module:
