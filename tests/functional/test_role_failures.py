@@ -38,11 +38,18 @@ ROLE = "gpuops.clean_slate.clean_slate"
 
 
 # ---------------------------------------------------------------------- helpers
+# Sockets bound (never listening) for the whole run: nobody else can take their ports, so SSH to one is
+# refused at once (the kernel answers a SYN to a bound, non-listening port with a reset). A port only
+# picked and let go could be bound by a listener of a test on the other xdist worker meanwhile.
+_CLOSED: list[socket.socket] = []
+
+
 def closed_port() -> int:
-    """A loopback TCP port nobody listens on (SSH to it is refused at once: an unreachable host)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port nobody listens on, held so for the rest of the run (an unreachable host)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _CLOSED.append(s)
+    return int(s.getsockname()[1])
 
 
 def node_vars(node: Node | None, **extra: Any) -> dict[str, Any]:
