@@ -113,7 +113,7 @@ def test_check_mode_reports_what_would_end_and_ends_nothing(two_nodes, tmp_path:
     run = run_playbook(PLAYBOOK, inventory=inventory(tmp_path, {"host-a": a}), env=a.env(), check=True, wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
     assert worker.alive()
-    kill = run.task("End the GPU processes")["result"]
+    kill = run.phase("kill")
     assert [t["cmdline"] for t in kill["targets"]] == ["sglang::scheduler_TP2"]
     assert "1 processes would be ended (check mode)" in run.task("Show the summary")["result"]["msg"]
     assert os.path.exists(f"/proc/{worker.pid}")
