@@ -270,9 +270,10 @@ def run(module: t.Any) -> dict[str, t.Any]:
         steps(module, p, phases, params, out)
     except Stop as stop:
         failure = stop.result
+        why = failure.get("reason")  # every phase's failure carries its reason (the modules' one failure shape)
         out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase=stop.phase)
         out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue")) or bool(out.get("pre_stop"))
-        raise CleanSlateError(failure.get("msg", ""), reason=failure.get("reason") or _reasons.INTERNAL_ERROR, **out) from None
+        raise CleanSlateError(failure.get("msg", ""), reason=why or _reasons.INTERNAL_ERROR, **out) from None
     out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase="done")
     out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue")) or any(r.get("changed") for r in out.get("pre_stop", []))
     diffs = [out[n]["diff"] for n in ("kill", "residue") if isinstance(out.get(n), dict) and "diff" in out[n]]
