@@ -87,7 +87,13 @@ def outcome(module: t.Any, body: Body, name: str, libraries: t.Sequence[Library]
     for lib in libraries:
         if not lib.present:
             traceback_of = {"exception": lib.error} if lib.error else {}
-            return {**extra(_reasons.MISSING_LIBRARY), **traceback_of, "msg": missing_required_lib(lib.package), "reason": _reasons.MISSING_LIBRARY, "failed": True}
+            return {
+                **extra(_reasons.MISSING_LIBRARY),
+                **traceback_of,
+                "msg": missing_required_lib(lib.package),
+                "reason": _reasons.MISSING_LIBRARY,
+                "failed": True,
+            }
     try:
         return body(module)
     except CleanSlateError as exc:

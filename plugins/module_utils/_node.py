@@ -203,7 +203,7 @@ def run_local(command: str, timeout: float) -> dict[str, t.Any]:
     started = time.monotonic()
     argv = shlex.split(command)
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, check=False)
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         return {
             "changed": True,
@@ -279,7 +279,9 @@ def run(module: t.Any) -> dict[str, t.Any]:
     diffs = [out[n]["diff"] for n in ("kill", "residue") if isinstance(out.get(n), dict) and "diff" in out[n]]
     if diffs:
         out["diff"] = diffs
-    out["msg"] = "; ".join(f"{n}: {out[k]['msg']}" for n, k in (("before", "before"), ("kill", "kill"), ("residue", "residue"), ("verify", "verify")) if out.get(k, {}).get("msg"))
+    out["msg"] = "; ".join(
+        f"{n}: {out[k]['msg']}" for n, k in (("before", "before"), ("kill", "kill"), ("residue", "residue"), ("verify", "verify")) if out.get(k, {}).get("msg")
+    )
     return out
 
 

@@ -35,7 +35,9 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Each phase runs in check mode (the kill reports what it would end, the residue what it would remove); the pre-stop commands on the host do not run, those in a container are reported as they would run.
+    details:
+      - Each phase runs in check mode (the kill reports what it would end, the residue what it would remove).
+      - The pre-stop commands on the host do not run; those in a container are reported as they would run.
   diff_mode:
     support: full
     details: The diffs of the kill and residue phases, as a list.
