@@ -24,7 +24,7 @@ description:
     within a breath of the modules' own time.
   - Every option of every selected phase is checked before the first phase runs, so bad input is refused
     (RV(reason=bad_arguments)) before anything is read, signalled or removed.
-  - A kill never runs on GPUs that were not read (RV(reason=gpus_not_read)), unless O(kill.allow_name_only); that
+  - A kill never runs on GPUs that were not read (RV(reason=gpus_not_read)), unless C(allow_name_only) in O(kill); that
     option also lets a driver that cannot be read go on to a name-only kill.
   - The run stops at the first phase that fails; the module then fails with that phase's RV(reason) and RV(msg), names
     the phase in RV(phase) and keeps every phase's result.
@@ -137,7 +137,7 @@ phase:
 before:
   description:
     - What M(gpuops.clean_slate.gpu_mem_verify) returned for the before picture (its failure shape with C(failed) when it
-      failed; C(failed) false when O(kill.allow_name_only) lets an unreadable driver go on).
+      failed; C(failed) false when C(allow_name_only) in O(kill) lets an unreadable driver go on).
   returned: when the preflight phase ran
   type: dict
 guard:
