@@ -122,13 +122,14 @@ def scan(watch: Watch, workers: int = 0) -> Scan:
 
     The pass is bound by the kernel's work (generating maps, resolving fd
     links), which Python threads do in parallel: with ``workers`` threads (0:
-    two on a machine with more than one CPU) the processes are split between
+    one per CPU, at most eight; the Python part of each holds the GIL briefly,
+    so more threads than that stop paying) the processes are split between
     them and the findings merged.
     """
     self_pid = str(os.getpid())
     names = [n for n in os.listdir("/proc") if n.isdigit() and n != self_pid]
     if workers <= 0:
-        workers = 2 if (os.cpu_count() or 1) > 1 else 1
+        workers = min(8, os.cpu_count() or 1)
     workers = max(1, min(workers, len(names) // 256 or 1))
     parts = [Scan() for _unused in range(workers)]
     if workers == 1:

@@ -88,7 +88,20 @@ def test_what_still_appears_at_the_deadline_is_remaining(launcher) -> None:
     marker = f"endless-child-{os.getpid()}"
     # The launcher itself does not match: its children keep coming.
     pid = launcher(marker, name="not-a-target")
-    kill = _kill.Kill(lambda: _procs.discover(request(f"time.sleep\\(60\\).*{marker}")), grace_period=0.3, kill_timeout=2, deadline=1.0)
+    seen: set[int] = set()
+
+    def discover() -> _procs.Plan:
+        # On a loaded machine the launcher can fall behind, and a discovery that finds nothing new ends the
+        # kill early (correctly): wait until a child the kill has not seen yet exists, so that every round,
+        # as in the scenario, finds one.
+        until = time.monotonic() + 10
+        while not (set(alive_with(marker)) & set(alive_with("time.sleep(60)"))) - seen - {pid} and time.monotonic() < until:
+            time.sleep(0.01)
+        plan = _procs.discover(request(f"time.sleep\\(60\\).*{marker}"))
+        seen.update(c.pid for c in plan.targets)
+        return plan
+
+    kill = _kill.Kill(discover, grace_period=0.3, kill_timeout=2, deadline=1.0)
     start = time.monotonic()
     kill.run()
     assert kill.deadline_passed and kill.remaining
