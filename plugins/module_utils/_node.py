@@ -129,6 +129,9 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
             _verify.validate(out["verify"])
         # The before picture: one reading, judged but never failed for being dirty, without the count check.
         out["preflight"] = {**out["verify"], "timeout": 0.0, "fail_on_dirty": False, "expected_count": None}
+        if "health" in out["preflight"]:
+            # The health verdict is the verify phase's (after the kill, when the job's Xids are in the log).
+            out["preflight"]["health"] = False
     if "kill" in phases:
         with refused("kill"):
             k = out["kill"] = {**phase_params("kill", _kill.argument_spec(), p["kill"]), **scope}

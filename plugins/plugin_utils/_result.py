@@ -26,8 +26,11 @@ NOT_VERIFIED = "not_verified"
 TOO_FEW_GPUS = "too_few_gpus"
 #: gpu_mem_verify fails a dirty node with these; the role names the first dirty GPU's diagnosis instead.
 VERIFY_FAILURES = ("", "not_clean", "missing_gpus")
+UNHEALTHY = "unhealthy"
 #: The module reason whose message starts with the option's name, which the role renames to its variable.
 BAD_ARGUMENTS = "bad_arguments"
+#: Health verdicts, from best to worst (gpu_mem_verify's health).
+VERDICTS = ("ok", "restart_app", "reset_gpu", "reboot", "drain")
 
 Step = t.Sequence[t.Any]  # [phase, name, registered result, default reason]
 
@@ -93,6 +96,16 @@ def read_ok(before: Mapping[str, t.Any]) -> Mapping[str, t.Any]:
     return before if "clean" in before and "reason" not in before and "diagnosis" not in before else {}
 
 
+def health_fails(verify: Mapping[str, t.Any], fail_on: t.Any) -> bool:
+    """Whether the verify phase's health verdict is at or above ``fail_on`` (never: never). The module judges the
+    same; in check mode and with clean_slate_fail_on_dirty false it only reports, and this tells why a host whose
+    memory is clean is not."""
+    h = verify.get("health")
+    if not isinstance(h, Mapping) or fail_on not in VERDICTS or h.get("verdict") not in VERDICTS:
+        return False
+    return VERDICTS.index(h["verdict"]) >= VERDICTS.index(fail_on)
+
+
 def error(steps: t.Sequence[Step], ctx: Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The host's failure, or why it is not proven clean: the first failed phase, else the verdict of what ran
     (phases that --tags or --skip-tags left out cannot prove anything). {} means proven clean.
@@ -113,7 +126,8 @@ def error(steps: t.Sequence[Step], ctx: Mapping[str, t.Any]) -> dict[str, t.Any]
         if v["clean"]:
             return {}
         dirty = [g.get("diagnosis") for g in v["gpus"] if not g.get("clean")]
-        return {"phase": "verify", "reason": dirty[0] if dirty else TOO_FEW_GPUS, "msg": v.get("msg", ""), "fatal": False}
+        reason = dirty[0] if dirty else (UNHEALTHY if health_fails(v, ctx.get("health_fail_on")) else TOO_FEW_GPUS)
+        return {"phase": "verify", "reason": reason, "msg": v.get("msg", ""), "fatal": False}
     summary = _mapping(k.get("summary"))
     if summary.get("signals"):
         ended = int(summary.get("terminated", 0) or 0) + int(summary.get("killed", 0) or 0)
@@ -185,6 +199,11 @@ def result(steps: t.Sequence[Step], ctx: Mapping[str, t.Any]) -> dict[str, t.Any
         kill_part = "no process ended"
     residue = dict(_mapping(_mapping(named.get("residue")).get("summary")))
     residue_part = f"; {residue['msg']}" if residue.get("msg") else ""
+    restore = _mapping(named.get("restore"))
+    restore_part = f"; {restore['msg']}" if restore.get("changed") and "msg" in restore else ""
+    h = v.get("health") if v else None
+    health = {"verdict": h.get("verdict"), "evidence": h.get("evidence")} if isinstance(h, Mapping) else None
+    health_part = f"; health: {h['verdict']}" if isinstance(h, Mapping) and h.get("verdict") != "ok" else ""
     tail = ""
     if e:
         tail = f" - FAILED in {e['phase']} ({e['reason']}): {e['msg']}" if e["fatal"] else f" - NOT CLEAN ({e['reason']})"
@@ -211,5 +230,6 @@ def result(steps: t.Sequence[Step], ctx: Mapping[str, t.Any]) -> dict[str, t.Any
         "gpus": gpus,
         "targets": targets,
         "residue": residue,
-        "summary": f"{label}: {gpu_part}{took}, {kill_part}{residue_part}{tail}",
+        "health": health,
+        "summary": f"{label}: {gpu_part}{took}, {kill_part}{residue_part}{restore_part}{health_part}{tail}",
     }

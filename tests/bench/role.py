@@ -447,6 +447,12 @@ the same machine in the same run.
 {table_text}
 
 {lines}
+
+Before clean_slate_node (the section as measured on 2026-11-30 on the same kind of machine, with
+`tests/tools/pidns-run .venv/bin/python tests/bench/role.py --repeat 3 --write-docs` at the commit before
+issue 13): the local playbook ran 3 gpuops modules and 10 tasks per host (1.91 s plain, 2.88 s messy); the lab
+ran 3 modules per host, 5 hosts with forks 5 took 4.74 s = 1.77x one host (2.69 s), and each extra host cost
+0.54 s of controller CPU. The "before" rows above measure that role again, beside the new one, in this run.
 """
     write_docs_section(DOCS, SECTION, section)
 

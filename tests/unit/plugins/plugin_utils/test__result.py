@@ -113,3 +113,20 @@ def test_the_filter_refuses_what_is_not_a_list_of_steps() -> None:
     with pytest.raises(AnsibleFilterError):
         clean_slate_result(steps(), "not a context")
     assert clean_slate_result(steps(verify=VERIFY), CTX)["clean"] is True
+
+
+def test_the_health_verdict_reaches_the_result_and_the_summary() -> None:
+    sick = {**VERIFY, "health": {"verdict": "reset_gpu", "evidence": ["reset_gpu: a row remapping is pending."], "readings": {}}}
+    r = _result.result(steps(before=BEFORE, kill=KILL, verify=sick), CTX)
+    assert r["health"] == {"verdict": "reset_gpu", "evidence": ["reset_gpu: a row remapping is pending."]}
+    assert "; health: reset_gpu" in r["summary"] and r["clean"] is True
+    fine = {**VERIFY, "health": {"verdict": "ok", "evidence": []}}
+    r = _result.result(steps(before=BEFORE, kill=KILL, verify=fine), CTX)
+    assert r["health"]["verdict"] == "ok" and "health:" not in r["summary"]
+    assert _result.result(steps(before=BEFORE, kill=KILL, verify=VERIFY), CTX)["health"] is None
+    # Reported only (check mode): the host whose memory is clean is not clean because of its health.
+    reported = {**sick, "clean": False}
+    r = _result.result(steps(before=BEFORE, kill=KILL, verify=reported), {**CTX, "check_mode": True, "health_fail_on": "reset_gpu"})
+    assert (r["clean"], r["reason"]) == (False, "unhealthy")
+    r = _result.result(steps(before=BEFORE, kill=KILL, verify=reported), {**CTX, "check_mode": True, "health_fail_on": "reboot"})
+    assert r["reason"] == "too_few_gpus"
