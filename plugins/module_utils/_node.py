@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import shlex
-import subprocess
 import time
 import typing as t
 
@@ -193,7 +192,7 @@ def run_pre_stop(module: t.Any, commands: list[str], timeout: float, containers:
         elif check_mode:
             result = {"changed": False, "skipped": True, "msg": "check mode: the command would run", "cmd": command}
         else:
-            result = run_local(command, timeout)
+            result = run_local(module, command, timeout)
         result["item"] = command
         results.append(result)
         if result.get("failed"):
@@ -201,37 +200,34 @@ def run_pre_stop(module: t.Any, commands: list[str], timeout: float, containers:
     return results
 
 
-def run_local(command: str, timeout: float) -> dict[str, t.Any]:
-    """One pre-stop command on this host, split as ansible.builtin.command splits ``cmd`` (no shell)."""
-    started = time.monotonic()
+#: Exit codes of coreutils ``timeout``: 124 after SIGTERM, 128+9 after the SIGKILL of ``-k``.
+TIMED_OUT = (124, 137)
+
+
+def run_local(module: t.Any, command: str, timeout: float) -> dict[str, t.Any]:
+    """One pre-stop command on this host, split as ansible.builtin.command splits ``cmd`` (no shell, nothing
+    expanded), under coreutils ``timeout`` (SIGTERM at the timeout, SIGKILL 5 s later), through the module's
+    ``run_command``."""
     argv = shlex.split(command)
+    wrapper = module.get_bin_path("timeout")
+    cmd = [wrapper, "-k", "5", f"{timeout:g}", *argv] if wrapper else argv
+    started = time.monotonic()
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        return {
-            "changed": True,
-            "failed": True,
-            "reason": _reasons.TIMEOUT,
-            "cmd": argv,
-            "rc": None,
-            "stdout": (exc.stdout or b"").decode("utf-8", "replace"),
-            "stderr": f"the command did not end within {timeout:g} s (clean_slate_pre_stop_timeout) and was killed",
-            "msg": f"the command did not end within {timeout:g} s",
-        }
+        rc, out, err = module.run_command(cmd, expand_user_and_vars=False, handle_exceptions=False)
     except OSError as exc:
         return {"changed": False, "failed": True, "reason": _reasons.COMMAND_FAILED, "cmd": argv, "rc": 2, "stdout": "", "stderr": str(exc), "msg": str(exc)}
-    out = {
-        "changed": True,
-        "cmd": argv,
-        "rc": done.returncode,
-        "stdout": done.stdout.decode("utf-8", "replace").rstrip("\n"),
-        "stderr": done.stderr.decode("utf-8", "replace").rstrip("\n"),
-        "delta_s": round(time.monotonic() - started, 3),
-        "msg": "" if done.returncode == 0 else "non-zero return code",
-    }
-    if done.returncode != 0:
-        out.update(failed=True, reason=_reasons.COMMAND_FAILED)
-    return out
+    elapsed = time.monotonic() - started
+    result = {"changed": True, "cmd": argv, "rc": rc, "stdout": out.rstrip("\n"), "stderr": err.rstrip("\n"), "delta_s": round(elapsed, 3), "msg": ""}
+    if wrapper and rc in TIMED_OUT and elapsed >= timeout:
+        result.update(
+            failed=True,
+            reason=_reasons.TIMEOUT,
+            stderr=f"the command did not end within {timeout:g} s (clean_slate_pre_stop_timeout) and was killed",
+            msg=f"the command did not end within {timeout:g} s",
+        )
+    elif rc != 0:
+        result.update(failed=True, reason=_reasons.COMMAND_FAILED, msg="non-zero return code")
+    return result
 
 
 def verify_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:

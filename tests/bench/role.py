@@ -284,10 +284,13 @@ HEADER = [
 ]
 
 
+def num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for r in rows:
-        num = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         lines.append(
             f"| {r['what']} | {r['hosts']} | {r['wall']:.2f} | {num(r.get('empty'))} | {num(r.get('work'))} | {num(r.get('over'))} | {r['cpu']}"
             f" | {'yes' if r['clean'] else 'NO'} | {r['daemons']} | {r['modules']} | {r['tasks']} |"

@@ -5,6 +5,8 @@ run only when the plan has targets and stopped at the first failure."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 import typing as t
 
@@ -26,11 +28,13 @@ class Host:
     def warn(self, warning: str) -> None:
         self.warnings.append(warning)
 
-    def run_command(self, *args: t.Any, **kwargs: t.Any) -> tuple[int, str, str]:
-        raise AssertionError("nothing here runs a command through the module")
+    def run_command(self, argv: list[str], expand_user_and_vars: bool = True, handle_exceptions: bool = True) -> tuple[int, str, str]:
+        assert not expand_user_and_vars and not handle_exceptions  # nothing expanded; a missing program is the caller's to report
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        return done.returncode, done.stdout, done.stderr
 
-    def get_bin_path(self, *args: t.Any, **kwargs: t.Any) -> str | None:
-        return None
+    def get_bin_path(self, name: str, *args: t.Any, **kwargs: t.Any) -> str | None:
+        return shutil.which(name)
 
 
 def test_the_phases_options_are_their_modules_own() -> None:
@@ -94,20 +98,20 @@ def test_pre_stop_commands_run_in_order_and_stop_at_the_first_failure(tmp_path) 
 
 
 def test_a_pre_stop_command_is_split_not_given_to_a_shell(tmp_path) -> None:
-    out = _node.run_local(f"printf %s 'two words' {tmp_path}/$HOME", 10)
+    out = _node.run_local(Host({}), f"printf %s 'two words' {tmp_path}/$HOME", 10)
     assert out["cmd"] == ["printf", "%s", "two words", f"{tmp_path}/$HOME"] and out["stdout"] == "two words" + f"{tmp_path}/$HOME"
 
 
 def test_a_pre_stop_command_that_hangs_is_killed_at_its_timeout() -> None:
     start = time.monotonic()
-    out = _node.run_local("sleep 30", 0.3)
+    out = _node.run_local(Host({}), "sleep 30", 0.3)
     assert time.monotonic() - start < 10
     assert out["failed"] is True and out["reason"] == "timeout" and "0.3 s" in out["msg"]
 
 
 def test_a_missing_pre_stop_program_fails_with_its_error() -> None:
-    out = _node.run_local("/nonexistent/stop-the-server", 5)
-    assert out["failed"] is True and out["reason"] == "command_failed" and "No such file" in out["stderr"]
+    out = _node.run_local(Host({}), "/nonexistent/stop-the-server", 5)
+    assert out["failed"] is True and out["reason"] == "command_failed" and out["rc"] == 127 and "No such file" in out["stderr"]
 
 
 def test_check_mode_runs_no_pre_stop_command_on_the_host(tmp_path) -> None:
