@@ -56,6 +56,7 @@ GOAL_OVERHEAD_S = 0.4
 GOAL_MODULES = 2
 GOAL_LAB_RATIO = 1.5
 GOAL_CPU_PER_HOST_S = 0.3
+LOAD = os.getloadavg()
 
 
 def children_cpu(pid: int) -> float:
@@ -407,6 +408,15 @@ def summary_lines(by: dict[str, dict[str, Any]]) -> list[str]:
         f" (goal <= {GOAL_OVERHEAD_S:g} s: {'met' if max(local['over'], messy['over']) <= GOAL_OVERHEAD_S else 'missed'});"
         f" module runs per host: {local['modules']} (goal <= {GOAL_MODULES})",
     ]
+    for scenario in ("plain", "messy"):
+        before = next((r for w, r in by.items() if w.startswith(f"1 node, {scenario}: playbook (local), before: ")), None)
+        after = by[f"1 node, {scenario}: playbook (local)"]
+        if before is not None:
+            out.append(
+                f"{scenario}, before -> after in this run: wall {before['wall']:.2f} -> {after['wall']:.2f} s, wall - empty - kill-to-clean"
+                f" {before['over']:.2f} -> {after['over']:.2f} s, controller CPU {before['cpu']} -> {after['cpu']} s,"
+                f" module runs {before['modules']} -> {after['modules']}, tasks run {before['tasks']} -> {after['tasks']}"
+            )
     if "lab, 1 host (pve1)" in by:
         one, five, serial = by["lab, 1 host (pve1)"], by["lab, 5 hosts, forks 5"], by["lab, 5 hosts, forks 1"]
         per_host = (five["cpu_ctl"] - one["cpu_ctl"]) / 4
@@ -424,7 +434,9 @@ def write_docs(table_text: str, by: dict[str, dict[str, Any]], args: argparse.Na
     lines = "\n".join(f"- {line}" for line in summary_lines(by))
     section = f"""{SECTION}
 
-Measured {time.strftime("%Y-%m-%d")} on {platform.node() or "the build machine"} ({os.cpu_count()} cores, Python {platform.python_version()}), with
+Measured {time.strftime("%Y-%m-%d")} on {platform.node() or "the build machine"} ({os.cpu_count()} cores, Python {platform.python_version()}; load average
+{LOAD[0]:.1f} when the run started and {os.getloadavg()[0]:.1f} when it ended: other jobs shared the machine, so compare rows of
+one run, not runs), with
 
     {command}
 
@@ -456,6 +468,7 @@ Before clean_slate_node (the section as measured on 2026-11-30 on the same kind 
 issue 13): the local playbook ran 3 gpuops modules and 10 tasks per host (1.91 s plain, 2.88 s messy); the lab
 ran 3 modules per host, 5 hosts with forks 5 took 4.74 s = 1.77x one host (2.69 s), and each extra host cost
 0.54 s of controller CPU. The "before" rows above measure that role again, beside the new one, in this run.
+
 """
     write_docs_section(DOCS, SECTION, section)
 
