@@ -25,7 +25,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 all: setup
 
 ## ---------------------------------------------------------------- setup
-setup: $(VENV)/.stamp $(SIM_BUILD)/.stamp $(COLL_LINK) $(VENV)/.get-pip-shim $(TEST_DEPS)
+setup: $(VENV)/.stamp $(VENV)/.testkit $(SIM_BUILD)/.stamp $(COLL_LINK) $(VENV)/.get-pip-shim $(TEST_DEPS)
 
 $(VENV)/.stamp: tests/requirements.txt
 	@tests/tools/install-system-deps
@@ -34,6 +34,14 @@ $(VENV)/.stamp: tests/requirements.txt
 	  [ -x "$(PY)" ] || { echo "creating $(VENV) with $$py"; "$$py" -m venv "$(VENV)"; }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r tests/requirements.txt
+	@touch $@
+
+# The test kit, installed into the venv as a .pth file: the checkout (for ansible_collections.gpuops.clean_slate),
+# tests/ (support, lab, bench) and tests/sim (gpusim, pvesim) on every venv Python's path, so that no test,
+# benchmark or tool patches sys.path. tests/README.md maps the tree.
+$(VENV)/.testkit: $(VENV)/.stamp Makefile
+	@$(PY) -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] + "/gpuops_clean_slate_testkit.pth", "w").write("\n".join(sys.argv[1:]) + "\n")' \
+	  "$(ROOT)" "$(ROOT)/tests" "$(ROOT)/tests/sim"
 	@touch $@
 
 $(SIM_BUILD)/.stamp: $(VENV)/.stamp $(wildcard tests/sim/nvml/*.c tests/sim/nvml/*.h tests/sim/nvml/*.py tests/sim/Makefile)
@@ -66,8 +74,9 @@ sanity: setup
 units: setup
 	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
+# Two workers, each in a PID namespace of its own (tests/tools/functional says why); GPUOPS_TEST_WORKERS=1 for one.
 functional: setup
-	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/functional tests/sim/tests $(PYTEST_ARGS)
+	tests/tools/functional $(PYTEST_ARGS)
 
 # The host path (initial PID namespace, /dev): guarded so that it can signal only its own victims
 # (tests/host/conftest.py says how); deliberately not under pidns-run.

@@ -28,13 +28,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.kill_verify import build
+from gpusim import Node
+from support.ansible import local_inventory, run_playbook
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "sim")]
 
-from gpusim import Node  # noqa: E402
-from kill_verify import build  # noqa: E402
-from support.ansible import local_inventory, run_playbook  # noqa: E402
 
 BASELINE = "b98e9bd"
 GRACE = 1.0

@@ -30,13 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from pvesim import PveSim
+from pvesim.generate import benchmark_cluster, gpu_guests
+from support.ansible import VENV, ansible_env, plain, write_docs_section
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "sim")]
 
-from pvesim import PveSim  # noqa: E402
-from pvesim.generate import benchmark_cluster, gpu_guests  # noqa: E402
-from support.ansible import VENV, ansible_env, plain, write_docs_section  # noqa: E402
 
 ANSIBLE_PACKAGE = "ansible==14.5.0"
 COMMUNITY_VENV = Path(tempfile.gettempdir()) / "gpuops-bench" / "community-ansible-14.5.0"

@@ -32,11 +32,11 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "sim")]
+from gpusim import Node
+from support.ansible import VENV_PYTHON, local_play, run_playbook
 
-from gpusim import Node  # noqa: E402
-from support.ansible import VENV_PYTHON, local_play, run_playbook  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 GRACE = 2.0

@@ -27,14 +27,14 @@ import sys
 import time
 from pathlib import Path
 
+from gpusim.residue import ResidueProc, start
+from support.ansible import VENV_PYTHON, run_module, write_docs_section
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders, _residue
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(HERE.parent), str(HERE.parent / "sim")]
 
-from gpusim.residue import ResidueProc, start  # noqa: E402
-from support.ansible import VENV_PYTHON, run_module, write_docs_section  # noqa: E402
-
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders, _residue  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Residue: gpu_job_residue on 10 000 files in /dev/shm and 3 000 processes"

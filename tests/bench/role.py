@@ -38,13 +38,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.kill_verify import build, run_pipeline, survivors
+from gpusim import Node
+from support.ansible import VENV_PYTHON, AnsibleRun, local_inventory, run_playbook, write_docs_section
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "sim")]
 
-from gpusim import Node  # noqa: E402
-from kill_verify import build, run_pipeline, survivors  # noqa: E402
-from support.ansible import VENV_PYTHON, AnsibleRun, local_inventory, run_playbook, write_docs_section  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Role: the clean_slate playbook, local and on the 5-host lab"

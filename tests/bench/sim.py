@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "sim")]
+from gpusim import Node, paths
 
-from gpusim import Node, paths  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 PROBE = r"""
 import sys, time, pynvml

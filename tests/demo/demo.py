@@ -23,12 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "sim")]
+from gpusim import Node
+from gpusim.residue import ResidueProc, inside, private_shm, spawn
+from support.ansible import ROOT, local_inventory, run_playbook
 
-from gpusim import Node  # noqa: E402
-from gpusim.residue import ResidueProc, inside, private_shm, spawn  # noqa: E402
-from support.ansible import ROOT, local_inventory, run_playbook  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 

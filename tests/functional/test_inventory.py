@@ -9,17 +9,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from conftest_proxmox import CLUSTER_SOURCE, INVENTORY_DIR, ansible_inventory, group_hosts, inventory_list, plain
 from pvesim import PveSim, load_cluster
 from support.ansible import ROOT, VENV, VENV_PYTHON, ansible_env, run_playbook
+from support.proxmox import CLUSTER_SOURCE, INVENTORY_DIR, ansible_inventory, group_hosts, inventory_list, plain
 
 from ansible_collections.gpuops.clean_slate.plugins.plugin_utils._proxmox import ProxmoxClient
 

@@ -8,17 +8,13 @@ Run inside a private PID namespace: tests/tools/pidns-run .venv/bin/pytest tests
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from conftest_proxmox import CLUSTER_SOURCE, FAKE_PCT, Container, PctRegistry
 from pvesim import PveSim, load_cluster
 from support.ansible import VENV_PYTHON, local_play, run_module, run_playbook
+from support.proxmox import CLUSTER_SOURCE, FAKE_PCT, Container, PctRegistry
 
 MODULE = "gpuops.clean_slate.pct_exec"
 # The venv's interpreter lives on the shared filesystem, so it runs inside the namespace containers too.

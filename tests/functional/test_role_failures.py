@@ -21,7 +21,6 @@ import os
 import socket
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,9 @@ import pytest
 import yaml
 from gpusim import Node
 from prometheus_client.parser import text_string_to_metric_families
-from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, local_inventory, local_play, run_playbook
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from conftest_proxmox import CLUSTER_SOURCE
 from pvesim import PveSim, load_cluster
+from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, local_inventory, local_play, run_playbook
+from support.proxmox import CLUSTER_SOURCE
 
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
 ROLE = "gpuops.clean_slate.clean_slate"

@@ -53,10 +53,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 ROOT = TESTS.parent
-for _p in (str(TESTS), str(TESTS / "sim")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
 from gpusim import BIN_DIR, LIB_DIR, Node  # noqa: E402
 from pvesim import PveSim, load_cluster, parse_conf  # noqa: E402
 from support.ansible import VENV, VENV_PYTHON, AnsibleRun, ansible_env, run_playbook  # noqa: E402

@@ -19,12 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "sim"), str(ROOT / "tests" / "bench")]
+from bench.inventory import community_venv, community_version
+from pvesim import PveSim, load_cluster
+from support.ansible import VENV, ansible_env, plain
 
-from inventory import community_venv, community_version  # noqa: E402
-from pvesim import PveSim, load_cluster  # noqa: E402
-from support.ansible import VENV, ansible_env, plain  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def vmids(inv: dict, group: str) -> set:

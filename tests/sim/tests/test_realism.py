@@ -213,9 +213,8 @@ def test_a_node_published_under_a_private_dev(tmp_path) -> None:
     """In a child process that owns a mount namespace with its own /dev (gpusim.devns): workers and
     NVML open /dev/nvidia*, the machine's /dev never sees them."""
     code = textwrap.dedent(
-        f"""
+        """
         import json, os, sys
-        sys.path.insert(0, {str(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))!r})
         from gpusim import Node
         from gpusim.devns import private_dev, dev_is_private
         from gpusim.procfs import device_fds
@@ -224,8 +223,8 @@ def test_a_node_published_under_a_private_dev(tmp_path) -> None:
         with Node(gpus=2) as node:
             node.publish_devices("/dev")
             w = node.spawn_worker(gpus=[1], mib=100)
-            links = sorted(os.readlink(f"/proc/{{w.pid}}/fd/{{fd}}") for fd in os.listdir(f"/proc/{{w.pid}}/fd"))
-            print(json.dumps({{"links": links, "env": node.env().get("GPUSIM_DEV_DIR"), "ctx": node.contexts()[0]["minor"]}}))
+            links = sorted(os.readlink(f"/proc/{w.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{w.pid}/fd"))
+            print(json.dumps({"links": links, "env": node.env().get("GPUSIM_DEV_DIR"), "ctx": node.contexts()[0]["minor"]}))
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)

@@ -1,4 +1,4 @@
-"""Shared helpers for the Proxmox functional tests (imported by test_pct_exec.py and test_inventory*.py).
+"""Shared helpers for the Proxmox functional tests (imported by tests/functional: test_pct_exec.py, test_inventory*.py, test_role_failures.py).
 
 * :func:`ansible_inventory` runs the real ``ansible-inventory`` from the venv;
 * :func:`plain` strips the ``{"__ansible_unsafe": ...}`` wrappers ansible-inventory puts on untrusted strings;
@@ -19,7 +19,7 @@ from pathlib import Path
 from support.ansible import ROOT, VENV, ansible_env, plain
 
 FAKE_PCT = str(ROOT / "tests" / "sim" / "bin" / "pct")
-INVENTORY_DIR = Path(__file__).resolve().parent / "inventory"
+INVENTORY_DIR = ROOT / "tests" / "functional" / "inventory"
 CLUSTER_SOURCE = INVENTORY_DIR / "cluster.proxmox.yml"
 
 
