@@ -211,8 +211,14 @@ def gpu_rows(repeat: int, workers: int, gib: float) -> list[dict[str, Any]]:
     """On a real GPU node (tests/gpu's RealBackend: torch workers, the real driver, connection local):
     the empty playbook, the two-module play (gpu_procs_kill + gpu_mem_verify) and the whole playbook,
     side by side on the same workload, started afresh for each run."""
-    sys.path[:0] = [str(ROOT / "tests" / "gpu")]
-    from validate import Ansible, RealBackend
+    # tests/gpu/validate.py runs with the GPU machine's python3, outside the venv: loaded from its file.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_validate", ROOT / "tests" / "gpu" / "validate.py")
+    assert spec is not None and spec.loader is not None
+    validate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(validate)
+    Ansible, RealBackend = validate.Ansible, validate.RealBackend
 
     backend = RealBackend()
     specs = [{"gpu": i % backend.count, "gib": gib, "title": f"sglang::scheduler_TP{i}"} for i in range(workers)]
