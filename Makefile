@@ -102,6 +102,7 @@ bench: setup
 	tests/tools/pidns-run $(PY) tests/bench/role.py
 	tests/tools/pidns-run $(PY) tests/bench/residue.py
 	tests/tools/pidns-run $(PY) tests/bench/sim.py
+	tests/tools/pidns-run $(PY) tests/bench/probe.py
 
 clean:
 	rm -rf .build tests/output $(SIM_BUILD) gpuops-clean_slate-*.tar.gz

@@ -31,6 +31,19 @@ class CleanSlateError(Exception):
         self.reason = reason
         self.details = details
 
+    def __reduce__(self) -> tuple[t.Any, ...]:
+        # Errors cross a pipe from the NVML helper process (_probe); subclasses have their own
+        # constructors, so rebuild from the state rather than calling them again.
+        return (_restore, (type(self), self.msg, dict(self.__dict__)))
+
     def result(self) -> dict[str, t.Any]:
         """Keyword arguments for ``fail_json``: the details, then ``msg`` and ``reason``, which they cannot override."""
         return {**self.details, "msg": self.msg, "reason": self.reason}
+
+
+def _restore(cls: type[CleanSlateError], msg: str, state: dict[str, t.Any]) -> CleanSlateError:
+    """Unpickle a :class:`CleanSlateError` (or subclass) without calling its constructor."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, msg)
+    error.__dict__.update(state)
+    return error

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ansible.module_utils.basic import missing_required_lib
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _procs, _reasons, _scope, _signals
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _probe, _procs, _reasons, _scope, _signals
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._procs import Candidate, Plan
 
@@ -162,6 +162,7 @@ def validate(p: t.Mapping[str, t.Any]) -> None:
     """Numbers, paths and combinations of gpu_procs_kill's options; raises before anything is read or signalled."""
     for name in ("grace_period", "kill_timeout", "deadline"):
         _checks.number(name, p[name], 0, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("probe_timeout", p["probe_timeout"], 0.1, 3600, unit="seconds")
     for vmid in p["containers"]:
         _checks.vmid("containers", vmid)
     _checks.existing_dir("device_dir", p["device_dir"])
@@ -322,11 +323,16 @@ def compile_where(text: str | None) -> t.Any:
 
 
 def build_request(
-    p: t.Mapping[str, t.Any], scopes_of: t.Callable[[], list[_scope.Scope]], notes: list[str], warnings: list[str]
+    p: t.Mapping[str, t.Any],
+    scopes_of: t.Callable[[], list[_scope.Scope]],
+    notes: list[str],
+    warnings: list[str],
+    prober: _probe.Prober | None = None,
 ) -> tuple[_procs.Request, t.Callable[[], _procs.Request]]:
     """Validate every option and gather NVML facts; raises before anything is signalled.
 
     ``scopes_of`` resolves the ``containers`` option (pct is run only once the rest is known good).
+    ``prober`` makes the NVML calls in a helper process under a deadline (one helper serves every round).
     Returns the request and a function giving it again with NVML's process lists re-read, for later rounds.
     """
     validate(p)
@@ -336,7 +342,7 @@ def build_request(
     protect = _procs.protect_list(p["protect"], p["unprotect"])
     where = compile_where(p["where"])
     use_nvml = "nvml" in p["discovery"]
-    facts = _nvml.gpus_and_processes(selectors, use_nvml, p["device_dir"], notes)
+    facts = _nvml.gpus_and_processes(selectors, use_nvml, p["device_dir"], notes, prober)
     files_ok = sources(p, facts, patterns, warnings)
     request = _procs.Request(
         gpus=facts.selected,
@@ -359,7 +365,7 @@ def build_request(
     def fresh() -> _procs.Request:
         if not use_nvml or facts.nvml_problem:
             return request
-        again = _nvml.gpus_and_processes(selectors, True, p["device_dir"], [])
+        again = _nvml.gpus_and_processes(selectors, True, p["device_dir"], [], prober)
         return dataclasses.replace(request, nvml_processes=again.processes)
 
     return request, fresh
@@ -384,6 +390,7 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "kill_timeout": {"type": "float", "default": 10},
         "deadline": {"type": "float"},
         "device_dir": {"type": "path", "default": "/dev"},
+        "probe_timeout": {"type": "float", "default": 10},
     }
 
 
@@ -410,7 +417,18 @@ class ModuleRun:
         p = module.params
         notes: list[str] = []
         warnings: list[str] = []
-        request, fresh = build_request(p, self.scopes_of, notes, warnings)
+        with _probe.Prober(p["probe_timeout"]) as prober:
+            return self._run(module, start, started, notes, warnings, prober)
+
+    def _run(self, module: t.Any, start: float, started: datetime.datetime, notes: list[str], warnings: list[str], prober: _probe.Prober) -> dict[str, t.Any]:
+        p = module.params
+        request, fresh = build_request(p, self.scopes_of, notes, warnings, prober)
+        if prober.hung or prober.system_hung:
+            hung = sorted(prober.hung) if not prober.system_hung else "every GPU (NVML did not open)"
+            warnings.append(
+                f"NVML did not answer within probe_timeout ({p['probe_timeout']} s) for GPU(s) {hung}: the driver is hung there; their processes"
+                f" were found through the device files. {_probe.ADVICE}"
+            )
         deadline = p["deadline"] if p["deadline"] is not None else min(_checks.MAX_SECONDS, 2 * (p["grace_period"] + p["kill_timeout"]))
         discoveries = [0]
 

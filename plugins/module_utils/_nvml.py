@@ -263,11 +263,21 @@ class NvmlSession:
         except pynvml.NVMLError as exc:
             raise NvmlError(_code_of(exc), "nvmlDeviceGetCount") from None
 
-    def gpus(self) -> list[Gpu]:
-        """Every GPU with its identity; a GPU whose handle fails carries ``error``."""
+    def gpus(self, skip: t.Mapping[int, CleanSlateError] | None = None, on_gpu: t.Callable[[int], None] | None = None) -> list[Gpu]:
+        """Every GPU with its identity; a GPU whose handle fails carries ``error``.
+
+        ``skip`` maps GPUs not to touch at all (their calls hung before) to the error they carry;
+        ``on_gpu(index)`` is told before each GPU's calls (the helper process of _probe announces it).
+        """
         result = []
         for index in range(self.device_count()):
             gpu = Gpu(index=index)
+            if skip and index in skip:
+                gpu.error = t.cast(NvmlError, skip[index])
+                result.append(gpu)
+                continue
+            if on_gpu is not None:
+                on_gpu(index)
             try:
                 gpu.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 gpu.uuid = _text(pynvml.nvmlDeviceGetUUID(gpu.handle))
@@ -482,13 +492,16 @@ class GpuFacts:
     nvml_problem: str | None = None  # why NVML could not be used; None when it answered
 
 
-def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_dir: str, notes: list[str]) -> GpuFacts:
+def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_dir: str, notes: list[str], prober: t.Any = None) -> GpuFacts:
     """Every GPU, the selected ones, and the processes NVML lists on each GPU (all of them,
     so that a process can be told to use GPU 0 only although it holds every device file).
 
     Without a working driver the device files still tell which processes hold
     a GPU (ending them is the first step of recovering from a driver/library
     mismatch), so only choosing a subset of GPUs strictly needs NVML.
+
+    ``prober`` (a ``_probe.Prober``) makes the calls in its helper process under its deadline, so a
+    hung driver costs the caller a GPU's listing, not the run; without one they are made here.
     """
     if not HAS_PYNVML and not selectors:
         problem = "nvidia-ml-py is not installed for the Python that runs the module"
@@ -496,22 +509,12 @@ def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_
         found = device_file_gpus(device_dir)
         return GpuFacts(found, found, {}, problem)
     try:
+        if prober is not None:
+            return _listed(
+                prober.start(), selectors, want_processes, notes, lambda gpus: [(a.value, a.error) for a in prober.each(NvmlSession.processes, gpus)]
+            )
         with NvmlSession() as session:
-            every = session.gpus()
-            gpus = select_gpus(every, selectors)
-            processes: dict[int, list[GpuProcess]] = {}
-            for gpu in every:
-                if gpu.error is not None:
-                    if gpu in gpus:
-                        notes.append(f"GPU {gpu.index}: {gpu.error.msg}")
-                    continue
-                if want_processes:
-                    try:
-                        processes[gpu.index] = session.processes(gpu)
-                    except NvmlError as exc:
-                        if gpu in gpus:
-                            notes.append(f"GPU {gpu.index}: NVML process list unavailable ({exc.msg}); using device files.")
-            return GpuFacts(every, gpus, processes)
+            return _listed(session.gpus(), selectors, want_processes, notes, lambda gpus: [_in_process(session, g) for g in gpus])
     except CleanSlateError as exc:
         if selectors or exc.reason == _reasons.BAD_ARGUMENTS:
             if exc.reason == _reasons.BAD_ARGUMENTS:
@@ -520,3 +523,32 @@ def gpus_and_processes(selectors: list[int | str], want_processes: bool, device_
         notes.append(f"NVML unavailable ({exc.msg}); processes are found through device files and patterns only, and GPU indices are device minors.")
         found = device_file_gpus(device_dir)
         return GpuFacts(found, found, {}, exc.msg)
+
+
+def _in_process(session: NvmlSession, gpu: Gpu) -> tuple[list[GpuProcess] | None, BaseException | None]:
+    try:
+        return session.processes(gpu), None
+    except NvmlError as exc:
+        return None, exc
+
+
+def _listed(
+    every: list[Gpu],
+    selectors: list[int | str],
+    want_processes: bool,
+    notes: list[str],
+    list_processes: t.Callable[[list[Gpu]], list[tuple[list[GpuProcess] | None, BaseException | None]]],
+) -> GpuFacts:
+    gpus = select_gpus(every, selectors)
+    processes: dict[int, list[GpuProcess]] = {}
+    for gpu in every:
+        if gpu.error is not None and gpu in gpus:
+            notes.append(f"GPU {gpu.index}: {gpu.error.msg}")
+    listable = [g for g in every if g.error is None]
+    if want_processes:
+        for gpu, (procs, error) in zip(listable, list_processes(listable)):
+            if error is None:
+                processes[gpu.index] = t.cast(t.List[GpuProcess], procs)
+            elif gpu in gpus:
+                notes.append(f"GPU {gpu.index}: NVML process list unavailable ({getattr(error, 'msg', error)}); using device files.")
+    return GpuFacts(every, gpus, processes)

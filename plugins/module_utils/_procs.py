@@ -292,8 +292,10 @@ def _uid_known(uid: int) -> bool:
 def read_facts(pid: int) -> ProcFacts | None:
     """Cheap facts from /proc; None if the process is gone."""
     st = _proctable.read_stat(pid)
-    command = _proctable.read_command(pid)
-    if st is None or command is None:
+    if st is None:
+        return None
+    command = _proctable.read_command(pid, st["state"])
+    if command is None:
         return None
     raw, exe, uid = command
     words = raw.rstrip(b"\0")

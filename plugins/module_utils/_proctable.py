@@ -17,8 +17,16 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import typing as t
 from dataclasses import dataclass, field
+
+#: Seconds a /proc read of a process in state D may take before it is abandoned. Reading the command line
+#: or the maps of a process takes its memory-map lock, which a task stuck in the driver (a munmap of device
+#: memory that never ends) can hold forever: ps hangs on such a process. Reads of processes in other states
+#: are made directly; the check of the state and the read are not atomic, so this narrows the risk to a
+#: process that entered D in between, it does not remove it.
+D_STATE_READ_S = 1.0
 
 PF_KTHREAD = 0x00200000
 # The kernel's initial PID namespace always has this inode (PROC_PID_INIT_INO).
@@ -114,11 +122,45 @@ def read_stat(pid: int) -> dict[str, t.Any] | None:
     }
 
 
-def read_command(pid: int) -> tuple[bytes, str | None, int | None] | None:
-    """The raw command line, the executable and the owner's uid of ``pid``; None if it is gone."""
+def read_guarded(path: str, state: str | None, limit: float = D_STATE_READ_S) -> bytes:
+    """Read a /proc file of a process in ``state``; for state D in a thread given ``limit`` seconds.
+
+    A read that does not come back in time is left behind (its thread blocks in the kernel; the wait
+    is killable, so it ends with the module) and raises :class:`TimeoutError` (an ``OSError``).
+    """
+    if state != "D":
+        with open(path, "rb") as fh:
+            return fh.read()
+    box: dict[str, t.Any] = {}
+
+    def read() -> None:
+        try:
+            with open(path, "rb") as fh:
+                box["data"] = fh.read()
+        except OSError as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=read, name=f"read {path}", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        raise TimeoutError(f"{path}: no answer within {limit} s (the process is in state D)")
+    if "error" in box:
+        raise box["error"]
+    return t.cast(bytes, box["data"])
+
+
+def read_command(pid: int, state: str | None = None) -> tuple[bytes, str | None, int | None] | None:
+    """The raw command line, the executable and the owner's uid of ``pid``; None if it is gone.
+
+    For a process in state D (``state``) the command line is read under :data:`D_STATE_READ_S`; one that
+    does not come in time reads as empty, so the process is still listed (by comm and executable).
+    """
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            cmdline = fh.read()
+        try:
+            cmdline = read_guarded(f"/proc/{pid}/cmdline", state)
+        except TimeoutError:
+            cmdline = b""
         uid: int | None = os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return None
@@ -138,7 +180,7 @@ def identity(pid: int) -> tuple[int, str, bytes, str | None, int | None] | None:
     process is re-parented, which says nothing about its identity.
     """
     st = read_stat(pid)
-    command = read_command(pid)
+    command = read_command(pid, st["state"] if st else None)
     if st is None or command is None:
         return None
     cmdline, exe, uid = command
@@ -290,24 +332,28 @@ def scan_device_holders(dev_dir: str = "/dev", only: t.Iterable[int] | None = No
                 holding.gpu_fds.add(t.cast(int, kind[1]))
             else:
                 holding.other_fds.add(t.cast(str, kind[1]))
+        # Only a process with a device file open can be stuck in the driver: its maps are read under a
+        # deadline when it is in state D (read_guarded); the others' are read directly.
+        st = read_stat(pid) if holding.gpu_fds or holding.other_fds else None
         try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    # A cheap substring test first: maps files of big processes are long.
-                    if "nvidia" not in line:
-                        continue
-                    parts = line.split(None, 5)
-                    if len(parts) < 6:
-                        continue
-                    kind = _classify(parts[5].strip(), prefix)
-                    if kind is None:
-                        continue
-                    if kind[0] == "gpu":
-                        holding.gpu_maps.add(t.cast(int, kind[1]))
-                    else:
-                        holding.other_maps.add(t.cast(str, kind[1]))
+            data = read_guarded(f"/proc/{pid}/maps", st["state"] if st else None)
         except OSError:
-            pass
+            data = b""
+        # A cheap substring test first: maps files of big processes are long.
+        if b"nvidia" in data:
+            for line in data.decode("utf-8", "replace").splitlines():
+                if "nvidia" not in line:
+                    continue
+                parts = line.split(None, 5)
+                if len(parts) < 6:
+                    continue
+                kind = _classify(parts[5].strip(), prefix)
+                if kind is None:
+                    continue
+                if kind[0] == "gpu":
+                    holding.gpu_maps.add(t.cast(int, kind[1]))
+                else:
+                    holding.other_maps.add(t.cast(str, kind[1]))
         if holding.gpu_fds or holding.gpu_maps or holding.other_fds or holding.other_maps:
             holders[pid] = holding
     return holders, unreadable

@@ -76,6 +76,9 @@ NOT_SUPPORTED = "not_supported"
 GPU_LOST = "gpu_lost"
 NEEDS_RESET = "needs_reset"
 NVML_ERROR = "nvml_error"
+#: An NVML call did not return within ``probe_timeout`` (the driver is hung): the helper process making it was
+#: killed. For the driver as a whole (nvmlInit, a system call) a module failure; for one GPU its diagnosis.
+DRIVER_HUNG = "driver_hung"
 
 # ---------------------------------------------------------------------- gpu_job_residue
 PORT_IN_USE = "port_in_use"
@@ -96,11 +99,22 @@ UNRESPONSIVE = "unresponsive"
 
 # ---------------------------------------------------------------------- groups
 #: What NVML's failures become (_nvml.NvmlError); the GPUs cannot be read, or one GPU cannot.
-NVML = (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, DRIVER_LIBRARY_MISMATCH, NO_PERMISSION, NOT_SUPPORTED, TIMEOUT, GPU_LOST, NEEDS_RESET, NVML_ERROR)
+NVML = (
+    LIBRARY_NOT_FOUND,
+    DRIVER_NOT_LOADED,
+    DRIVER_LIBRARY_MISMATCH,
+    NO_PERMISSION,
+    NOT_SUPPORTED,
+    TIMEOUT,
+    GPU_LOST,
+    NEEDS_RESET,
+    NVML_ERROR,
+    DRIVER_HUNG,
+)
 #: Looking up a container's init (O(containers), pct_exec's container check).
 CONTAINERS = (NOT_RUNNING, NO_SUCH_CONTAINER, PCT_FAILED)
 #: gpu_mem_verify's per-GPU diagnoses, ``clean`` included.
-DIAGNOSES = (CLEAN, BUSY, HELD_BY_PROTECTED, HELD_OUTSIDE_NAMESPACE, ORPHANED_CONTEXT, GPU_LOST, NEEDS_RESET, UNSUPPORTED, UNRESPONSIVE)
+DIAGNOSES = (CLEAN, BUSY, HELD_BY_PROTECTED, HELD_OUTSIDE_NAMESPACE, ORPHANED_CONTEXT, GPU_LOST, NEEDS_RESET, UNSUPPORTED, UNRESPONSIVE, DRIVER_HUNG)
 
 #: The reasons each module can fail with; each module's RETURN documentation lists exactly these.
 MODULES: dict[str, tuple[str, ...]] = {

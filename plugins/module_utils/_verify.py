@@ -27,7 +27,7 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _procs, _proctable, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _probe, _procs, _proctable, _reasons
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     Gpu,
@@ -39,10 +39,20 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
 )
 
 # Diagnoses that waiting cannot change: stop polling early when only these remain.
-TERMINAL = frozenset({_reasons.GPU_LOST, _reasons.UNSUPPORTED, _reasons.NEEDS_RESET})
+TERMINAL = frozenset({_reasons.GPU_LOST, _reasons.UNSUPPORTED, _reasons.NEEDS_RESET, _reasons.DRIVER_HUNG})
 
 # NVML failures of one GPU that waiting cannot change, and the diagnosis each one is.
-_TERMINAL_ERRORS = {_reasons.GPU_LOST: _reasons.GPU_LOST, _reasons.NOT_SUPPORTED: _reasons.UNSUPPORTED, _reasons.NEEDS_RESET: _reasons.NEEDS_RESET}
+_TERMINAL_ERRORS = {
+    _reasons.GPU_LOST: _reasons.GPU_LOST,
+    _reasons.NOT_SUPPORTED: _reasons.UNSUPPORTED,
+    _reasons.NEEDS_RESET: _reasons.NEEDS_RESET,
+    _reasons.DRIVER_HUNG: _reasons.DRIVER_HUNG,
+}
+
+# Seconds the NVML work may go on after the verification's own timeout: the last poll and the
+# naming of holders. The module returns within max(timeout, probe_timeout) plus this plus its own
+# bookkeeping, even when calls hang.
+NVML_GRACE_S = 0.5
 
 # Device memory a live context costs beyond what NVML charges its process (9 MiB for a torch
 # process on an H200: 518 MiB listed, 527 MiB used device-wide), with room to spare. A GPU whose
@@ -74,6 +84,7 @@ ADVICE = {
     ),
     _reasons.UNSUPPORTED: "this GPU does not report its memory use (unified-memory platforms such as GB10); it cannot be verified by memory.",
     _reasons.UNRESPONSIVE: "the driver timed out answering; the GPU may be hung. Check dmesg for Xid errors; a reset or reboot may be needed.",
+    _reasons.DRIVER_HUNG: _probe.ADVICE,
 }
 
 
@@ -116,6 +127,38 @@ def read_gpu(session: NvmlSession, gpu: Gpu) -> Reading:
     except NvmlError as exc:
         reading.error = exc
     return reading
+
+
+def read_all(session: t.Any, gpus: list[Gpu]) -> list[Reading]:
+    """One reading per GPU: through the helper process of a :class:`~._probe.Prober` (a GPU whose call
+    hangs reads as its :class:`~._probe.DriverHung` error), or in-process from any session-like object."""
+    if not isinstance(session, _probe.Prober):
+        return [read_gpu(session, g) for g in gpus]
+    readings = []
+    for gpu, answer in zip(gpus, session.each(read_gpu, gpus)):
+        if answer.error is None:
+            reading = answer.value
+            reading.gpu = gpu  # the module's own record (the helper's copy has no handle)
+        else:
+            reading = Reading(gpu=gpu, error=t.cast(NvmlError, answer.error))
+        readings.append(reading)
+    return readings
+
+
+def processes_by_gpu(session: t.Any, gpus: list[Gpu]) -> dict[int, list[GpuProcess]]:
+    """NVML's process list of each GPU that answers (in the helper when ``session`` is a Prober)."""
+    out: dict[int, list[GpuProcess]] = {}
+    if isinstance(session, _probe.Prober):
+        for gpu, answer in zip(gpus, session.each(_nvml.NvmlSession.processes, gpus)):
+            if answer.error is None:
+                out[gpu.index] = answer.value
+        return out
+    for gpu in gpus:
+        try:
+            out[gpu.index] = session.processes(gpu)
+        except NvmlError:
+            continue
+    return out
 
 
 def estimate_v1_reserved(readings: list[Reading]) -> None:
@@ -198,6 +241,8 @@ def diagnose(
     gpu = reading.gpu
     if clean:
         return _reasons.CLEAN, "clean", []
+    if terminal == _reasons.DRIVER_HUNG:
+        return terminal, t.cast(NvmlError, reading.error).msg, []
     if terminal in (_reasons.GPU_LOST, _reasons.UNSUPPORTED):
         return terminal, t.cast(NvmlError, reading.error).msg if reading.error else ADVICE[terminal], []
     if reading.error is not None:
@@ -302,7 +347,7 @@ class Outcome:
 
 
 def poll_until_clean(
-    session: NvmlSession,
+    session: NvmlSession | _probe.Prober,
     gpus: list[Gpu],
     criteria: Criteria,
     timeout: float,
@@ -319,7 +364,7 @@ def poll_until_clean(
     time_to_clean: float | None = None
     while True:
         polls += 1
-        readings = [read_gpu(session, g) for g in gpus]
+        readings = read_all(session, gpus)
         estimate_v1_reserved(readings)
         judged = [quick_judge(r, criteria) for r in readings]
         now = clock()
@@ -345,13 +390,11 @@ def poll_until_clean(
         unreadable = len(unreadable_pids)
         if unreadable:
             notes.append(f"{unreadable} process(es) could not be inspected (permission); run with become: true for a complete diagnosis.")
-        for gpu in every_gpu or gpus:
-            if gpu.error is None and gpu.minor is not None:
-                try:
-                    for proc in session.processes(gpu):
-                        nvml_minors.setdefault(proc.pid, set()).add(gpu.minor)
-                except NvmlError:
-                    continue
+        listable = [g for g in every_gpu or gpus if g.error is None and g.minor is not None]
+        minors = {g.index: g.minor for g in listable}
+        for index, procs in processes_by_gpu(session, listable).items():
+            for proc in procs:
+                nvml_minors.setdefault(proc.pid, set()).add(t.cast(int, minors[index]))
     reports = []
     for reading, (clean, _terminal) in zip(readings, judged):
         diagnosis, detail, _pids = diagnose(reading, criteria, holders, own, nvml_minors)
@@ -375,6 +418,7 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     """Reject bad input before touching the GPUs; returns the parsed GPU selectors."""
     _checks.number("timeout", params["timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
     _checks.number("interval", params["interval"], 0.001, 60, unit="seconds")
+    _checks.number("probe_timeout", params["probe_timeout"], 0.1, 3600, unit="seconds")
     _checks.number("max_used_mib", params["max_used_mib"], 0, 1048576, unit="MiB")
     _checks.number("expected_count", params["expected_count"], 0, 1024)
     _checks.existing_dir("device_dir", params["device_dir"])
@@ -424,6 +468,7 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "require_no_processes": {"type": "bool", "default": True},
         "timeout": {"type": "float", "default": 30},
         "interval": {"type": "float", "default": 0.1},
+        "probe_timeout": {"type": "float", "default": 10},
         "fail_on_dirty": {"type": "bool", "default": True},
         "device_dir": {"type": "path", "default": "/dev"},
     }
@@ -441,12 +486,23 @@ def run(module: t.Any) -> dict[str, t.Any]:
     files_problem = _nvml.device_files_problem(p["device_dir"])
     if files_problem:
         module.warn(f"The GPU device files cannot be used ({files_problem}): holders of a GPU that is not clean can be named only if NVML lists them.")
-    with NvmlSession() as session:
-        every = session.gpus()
+    # Every NVML call runs in a helper process under a deadline (_probe): a hung driver costs at most
+    # probe_timeout per call, and all of it ends NVML_GRACE_S after the later of timeout and probe_timeout.
+    end = time.monotonic() + max(p["timeout"], p["probe_timeout"]) + NVML_GRACE_S
+    with _probe.Prober(p["probe_timeout"], end=end) as prober:
+        every = prober.start()
         selected = _nvml.select_gpus(every, selectors)
         criteria = Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
-        outcome = poll_until_clean(session, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=every)
-        driver = session.driver_version()
+        outcome = poll_until_clean(prober, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=every)
+        try:
+            driver = prober.call(NvmlSession.driver_version)
+        except CleanSlateError:
+            driver = None
+    if prober.left_behind:
+        outcome.notes.append(
+            f"NVML helper process(es) {', '.join(map(str, prober.left_behind))} did not die of SIGKILL within {_probe.REAP_WAIT_S} s (stuck in the"
+            " driver, state D); they end when the driver lets them."
+        )
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"

@@ -12,8 +12,10 @@ version_added: 0.1.0
 author:
   - gpuops.clean_slate maintainers (@gpuops)
 description:
-  - Polls NVML in-process until every selected GPU is clean or O(timeout) seconds pass, and returns as soon as
+  - Polls NVML until every selected GPU is clean or O(timeout) seconds pass, and returns as soon as
     they are, so a clean node answers in milliseconds.
+  - Every NVML call runs in a helper process under a deadline (O(probe_timeout)), so a hung driver cannot hang the
+    task; the GPU whose call did not return is diagnosed V(driver_hung) and the others are still reported.
   - A GPU is clean when its used memory (NVML memory info v2, which excludes the memory the driver reserves) is at
     most O(max_used_mib), no process is listed on it (with O(require_no_processes)), and the driver asks for no
     recovery action.
@@ -67,6 +69,18 @@ options:
       - Seconds between two polls, from 0.001 to 60.
     type: float
     default: 0.1
+  probe_timeout:
+    description:
+      - Seconds one NVML call may take, from 0.1 to 3600. Every NVML call runs in a helper process; a call that has
+        not returned by then is abandoned (the helper is killed) and its GPU is diagnosed V(driver_hung), while the
+        other GPUs are still read by a fresh helper. If NVML itself does not open in time the module fails with
+        RV(reason=driver_hung).
+      - NVML work ends half a second after the later of O(timeout) and O(probe_timeout), so the module returns within
+        about that even when calls hang.
+      - A healthy call takes well under a millisecond; raise it on nodes whose GPUs are slow to wake (without
+        persistence mode the first call can take seconds).
+    type: float
+    default: 10
   fail_on_dirty:
     description:
       - Fail when a GPU is not clean at the deadline or fewer than O(expected_count) GPUs are visible.
@@ -189,7 +203,8 @@ reason:
       RV(gpus[].diagnosis) says why), V(missing_gpus) (fewer healthy GPUs than O(expected_count)), V(bad_arguments),
       V(missing_library), V(internal_error), or, when the GPUs cannot be read, V(library_not_found),
       V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
-      V(needs_reset) or V(nvml_error) (NVML failed; the message says why and what to do).
+      V(needs_reset), V(nvml_error) (NVML failed; the message says why and what to do) or V(driver_hung) (NVML did not
+      even open within O(probe_timeout), so the driver is hung; reboot the node).
     - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str
@@ -264,7 +279,8 @@ gpus:
       description:
         - V(clean), V(busy) (processes hold it), V(held_by_protected) (only daemons gpu_procs_kill protects hold it),
           V(held_outside_namespace), V(orphaned_context) (memory held by no process), V(gpu_lost), V(needs_reset),
-          V(unsupported) or V(unresponsive).
+          V(unsupported), V(unresponsive) or V(driver_hung) (an NVML call on it did not return within
+          O(probe_timeout); RV(gpus[].detail) names the call; reboot the node or follow its documented recovery).
       type: str
       sample: clean
     detail:

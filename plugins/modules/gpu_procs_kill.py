@@ -178,6 +178,13 @@ options:
       - Directory holding the C(nvidia*) device files. It must exist.
     type: path
     default: /dev
+  probe_timeout:
+    description:
+      - Seconds one NVML call may take, from 0.1 to 3600. Every NVML call runs in a helper process; a call that has
+        not returned by then is abandoned (the helper is killed), the module warns that the driver is hung on that GPU
+        and finds that GPU's processes through the device files only. Each hung GPU costs this once.
+    type: float
+    default: 10
 requirements:
   - psutil on the target
   - nvidia-ml-py (C(pynvml)) on the target for the V(nvml) source and for selecting GPUs
@@ -355,8 +362,8 @@ reason:
       (processes still found after O(deadline)), V(not_running), V(no_such_container) or V(pct_failed) (resolving
       O(containers)), V(missing_library), V(internal_error) (a bug; RV(targets) still lists every signal sent), or,
       when selecting GPUs needs the driver, V(library_not_found), V(driver_not_loaded), V(driver_library_mismatch),
-      V(no_permission), V(not_supported), V(timeout), V(gpu_lost), V(needs_reset) or V(nvml_error) (NVML failed; the
-      message says why and what to do).
+      V(no_permission), V(not_supported), V(timeout), V(gpu_lost), V(needs_reset), V(nvml_error) (NVML failed; the
+      message says why and what to do) or V(driver_hung) (NVML did not open within O(probe_timeout)).
     - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str

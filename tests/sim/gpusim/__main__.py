@@ -8,7 +8,8 @@
     gpusim worker     [--state DIR] WORKER-OPTIONS   run gpusim-worker (see its --help)
 
 --state defaults to $GPUSIM_STATE. Fault keys: init_error=NAME, lost=3[,4],
-timeout=FN[,FN] (with timeout_gpus=1,2 and timeout_delay_ms=N), orphan=GPU:MIB[,...],
+timeout=FN[,FN] (with timeout_gpus=1,2 and timeout_delay_ms=N), hang=FN[,FN] (with
+hang_gpus=1,2: those calls never return), orphan=GPU:MIB[,...],
 recovery_action=GPU:N[,...], legacy_pids=1, memory_v2_unsupported=1,
 process_api=v1|v2|v3, memory_na=1, library_absent=1, phantom_pids=GPU:PID[,...]; also
 release_delay_ms=N, release_gap_ms=N, teardown_hang_ms=N, context_overhead_mib=N and
@@ -138,6 +139,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
         node.clear_faults()
     kw: dict[str, Any] = {}
     timeout: dict[str, Any] = {}
+    hang: dict[str, Any] = {}
     timing: dict[str, int] = {}
     for item in args.settings:
         key, sep, value = item.partition("=")
@@ -151,6 +153,10 @@ def cmd_fault(args: argparse.Namespace) -> int:
             timeout["gpus"] = [int(x) for x in value.split(",") if x]
         elif key == "timeout_delay_ms":
             timeout["delay_ms"] = int(value or 0)
+        elif key == "hang":
+            hang["functions"] = [x for x in value.split(",") if x]
+        elif key == "hang_gpus":
+            hang["gpus"] = [int(x) for x in value.split(",") if x]
         elif key in ("orphan", "recovery_action"):
             kw[key] = _pairs(value) if value else None
         elif key in ("legacy_pids", "memory_v2_unsupported", "memory_na", "library_absent"):
@@ -179,6 +185,10 @@ def cmd_fault(args: argparse.Namespace) -> int:
         current = node.desc.faults
         merged = {"functions": current.timeout_functions, "gpus": current.timeout_gpus, "delay_ms": current.timeout_delay_ms, **timeout}
         kw["timeout"] = merged if merged["functions"] else None
+    if hang:
+        current = node.desc.faults
+        merged = {"functions": current.hang_functions, "gpus": current.hang_gpus, **hang}
+        kw["hang"] = merged if merged["functions"] else None
     if kw:
         node.set_fault(**kw)
     if timing:

@@ -51,6 +51,8 @@ class Faults:
     timeout_functions: list[str] = field(default_factory=list)  #: these return NVML_ERROR_TIMEOUT
     timeout_gpus: list[int] = field(default_factory=list)  #: ... only for these GPUs (empty: all)
     timeout_delay_ms: int = 0  #: ... after hanging this long
+    hang_functions: list[str] = field(default_factory=list)  #: these never return (a driver hang)
+    hang_gpus: list[int] = field(default_factory=list)  #: ... only for these GPUs (empty: all)
     orphan: dict[int, int] = field(default_factory=dict)  #: GPU -> MiB held by no process at all
     recovery_action: dict[int, int] = field(default_factory=dict)  #: GPU -> nvmlDeviceGpuRecoveryAction_t
     legacy_pids: bool = False  #: driver < 535.113: host pids, not converted into the caller's namespace
@@ -165,6 +167,8 @@ class Description:
             f"fault.timeout_functions={','.join(f.timeout_functions)}",
             f"fault.timeout_gpus={','.join(str(i) for i in f.timeout_gpus)}",
             f"fault.timeout_delay_ms={f.timeout_delay_ms}",
+            f"fault.hang_functions={','.join(f.hang_functions)}",
+            f"fault.hang_gpus={','.join(str(i) for i in f.hang_gpus)}",
             f"fault.recovery_explicit={','.join(f'{k}:{v}' for k, v in sorted(f.recovery_action.items()))}",
             f"fault.phantom_pids={','.join(f'{g}:{p}' for g, pids in sorted(f.phantom_pids.items()) for p in pids)}",
         ]
@@ -188,6 +192,8 @@ class Description:
             timeout_functions=_split(kv.get("fault.timeout_functions", "")),
             timeout_gpus=[int(x) for x in _split(kv.get("fault.timeout_gpus", ""))],
             timeout_delay_ms=int(kv.get("fault.timeout_delay_ms", "0") or 0),
+            hang_functions=_split(kv.get("fault.hang_functions", "")),
+            hang_gpus=[int(x) for x in _split(kv.get("fault.hang_gpus", ""))],
             recovery_action={int(k): int(v) for k, v in (p.split(":") for p in _split(kv.get("fault.recovery_explicit", "")))},
         )
         for pair in _split(kv.get("fault.phantom_pids", "")):
@@ -242,8 +248,8 @@ class Description:
 
 def fault_names() -> list[str]:
     """The names accepted by Node.set_fault()."""
-    names = [f.name for f in fields(Faults) if not f.name.startswith("timeout_")]
-    return sorted([*names, "timeout"])
+    names = [f.name for f in fields(Faults) if not f.name.startswith(("timeout_", "hang_"))]
+    return sorted([*names, "timeout", "hang"])
 
 
 def gpu_uuid(seed: str, index: int) -> str:

@@ -596,7 +596,8 @@ class Node:
 
         init_error="LIB_RM_VERSION_MISMATCH" | "DRIVER_NOT_LOADED" | any NVML error name or number;
         lost=[i, ...]; timeout={"functions": [...], "gpus": [...], "delay_ms": n} (or a list of
-        function names); orphan={gpu: mib} and recovery_action={gpu: action} (merged; 0 / None
+        function names); hang={"functions": [...], "gpus": [...]} (or a list of names): those calls never
+        return, on those GPUs (empty: all), as in a driver hang; orphan={gpu: mib} and recovery_action={gpu: action} (merged; 0 / None
         removes); legacy_pids=True; memory_v2_unsupported=True; process_api="v1"|"v2"|"v3";
         memory_na=True; library_absent=True (node.env() drops the library); phantom_pids={gpu: [pid, ...]}
         (the compute list also reports these pids, holding 0 bytes, as a skewed driver/binding does).
@@ -617,6 +618,14 @@ class Node:
                     f.timeout_delay_ms = int(value.get("delay_ms", 0))
                 else:
                     f.timeout_functions, f.timeout_gpus = list(_as_list(value)), []
+            elif key == "hang":
+                if not value:
+                    f.hang_functions, f.hang_gpus = [], []
+                elif isinstance(value, dict):
+                    f.hang_functions = list(_as_list(value.get("functions", ["*"])))
+                    f.hang_gpus = [int(i) for i in _as_list(value.get("gpus", []))]
+                else:
+                    f.hang_functions, f.hang_gpus = list(_as_list(value)), []
             elif key == "phantom_pids":
                 f.phantom_pids = {} if value is None else {int(g): [int(p) for p in _as_list(pids)] for g, pids in dict(value).items()}
             elif key in ("orphan", "recovery_action"):
@@ -638,7 +647,7 @@ class Node:
                 setattr(f, key, bool(value))
             else:
                 raise TypeError(f"unknown fault {key!r}")
-        for gpu in list(f.lost) + list(f.orphan) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.phantom_pids):
+        for gpu in list(f.lost) + list(f.orphan) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.hang_gpus) + list(f.phantom_pids):
             if not 0 <= gpu < len(self.desc.gpus):
                 raise ValueError(f"no GPU {gpu} on this node")
         self.desc.write(self.state_dir)

@@ -88,8 +88,8 @@ static void set_gpu_key(sim_config_t *cfg, unsigned idx, const char *key, const 
         g->pci_subsystem_id = (unsigned)parse_ull(val);
 }
 
-/* "1,3" -> mark those GPUs as selected by the timeout fault; "" -> all. */
-static void set_timeout_gpus(sim_config_t *cfg, const char *val)
+/* "1,3" -> mark those GPUs as selected by the timeout (or hang) fault; "" -> all. */
+static void set_fault_gpus(sim_config_t *cfg, const char *val, int hang)
 {
     const char *p = val;
     int any = 0;
@@ -101,14 +101,21 @@ static void set_timeout_gpus(sim_config_t *cfg, const char *val)
             continue;
         }
         if (i < SIM_MAX_GPUS) {
-            cfg->gpus[i].timeout = 1;
+            if (hang)
+                cfg->gpus[i].hang = 1;
+            else
+                cfg->gpus[i].timeout = 1;
             any = 1;
         }
         p = end;
     }
     if (!any)
-        for (unsigned i = 0; i < SIM_MAX_GPUS; i++)
-            cfg->gpus[i].timeout = 1;
+        for (unsigned i = 0; i < SIM_MAX_GPUS; i++) {
+            if (hang)
+                cfg->gpus[i].hang = 1;
+            else
+                cfg->gpus[i].timeout = 1;
+        }
 }
 
 static void set_key(sim_config_t *cfg, const char *key, const char *val)
@@ -146,7 +153,12 @@ static void set_key(sim_config_t *cfg, const char *key, const char *val)
         if (val[0])
             snprintf(cfg->timeout_functions, sizeof cfg->timeout_functions, ",%s,", val);
     } else if (strcmp(key, "fault.timeout_gpus") == 0) {
-        set_timeout_gpus(cfg, val);
+        set_fault_gpus(cfg, val, 0);
+    } else if (strcmp(key, "fault.hang_functions") == 0) {
+        if (val[0])
+            snprintf(cfg->hang_functions, sizeof cfg->hang_functions, ",%s,", val);
+    } else if (strcmp(key, "fault.hang_gpus") == 0) {
+        set_fault_gpus(cfg, val, 1);
     } else if (strcmp(key, "fault.timeout_delay_ms") == 0) {
         cfg->timeout_delay_ms = (int)parse_ull(val);
     }
@@ -173,6 +185,7 @@ int sim_config_load(const char *state_dir, sim_config_t *cfg)
     size_t got = 0;
     int fd;
     int timeout_gpus_seen = 0;
+    int hang_gpus_seen = 0;
 
     snprintf(path, sizeof path, "%s/node.conf", state_dir);
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -205,11 +218,16 @@ int sim_config_load(const char *state_dir, sim_config_t *cfg)
         val = trim(eq + 1);
         if (strcmp(key, "fault.timeout_gpus") == 0)
             timeout_gpus_seen = 1;
+        if (strcmp(key, "fault.hang_gpus") == 0)
+            hang_gpus_seen = 1;
         set_key(cfg, key, val);
     }
     free(buf);
     if (cfg->timeout_functions[0] && !timeout_gpus_seen)
-        set_timeout_gpus(cfg, "");
+        set_fault_gpus(cfg, "", 0);
+    /* A hang with an empty GPU list hangs the call on every GPU (key order in node.conf does not matter). */
+    if (cfg->hang_functions[0] && !hang_gpus_seen)
+        set_fault_gpus(cfg, "", 1);
 
     loaded.valid = 1;
     loaded.dev = st.st_dev;

@@ -115,10 +115,9 @@ const char *nvmlErrorString(nvmlReturn_t result)
 /* Does the timeout fault select function `fn`? A listed name without a
  * version suffix covers all its versions ("nvmlDeviceGetMemoryInfo" also
  * matches nvmlDeviceGetMemoryInfo_v2); "*" selects every implemented call. */
-static int timeout_selects(const char *fn)
+static int list_selects(const char *list, const char *fn)
 {
     char key[160];
-    const char *list = sim_cfg.timeout_functions;
     size_t len;
     if (!list[0])
         return 0;
@@ -135,6 +134,29 @@ static int timeout_selects(const char *fn)
         return strstr(list, key) != NULL;
     }
     return 0;
+}
+
+static int timeout_selects(const char *fn)
+{
+    return list_selects(sim_cfg.timeout_functions, fn);
+}
+
+static int hang_selects(const char *fn)
+{
+    return list_selects(sim_cfg.hang_functions, fn);
+}
+
+/* A driver hang: the call never returns. A process stuck in the driver sits in an ioctl that waits
+ * for the GPU; it still dies of SIGKILL (the kernel's wait is killable), and other threads of the
+ * process, and other processes, can still make calls that do not touch the hung GPU. So: release
+ * the library's lock, then wait forever. Signal handlers run (pause returns EINTR) and the wait goes
+ * on; the fault being cleared later does not release it, as a real hang does not end by itself. */
+static nvmlReturn_t hang_now(void)
+{
+    pthread_mutex_unlock(&sim_mutex);
+    for (;;)
+        pause();
+    return NVML_ERROR_UNKNOWN; /* not reached */
 }
 
 /* Release the lock, wait out the configured hang, report the timeout. */
@@ -158,6 +180,9 @@ nvmlReturn_t sim_enter(const char *fn)
         return NVML_ERROR_UNINITIALIZED;
     }
     sim_config_refresh();
+    /* Handle lookups are per GPU: hand_out() applies the hang for the GPU asked for. */
+    if (strncmp(fn, "nvmlDeviceGetHandleBy", 21) != 0 && hang_selects(fn))
+        return hang_now();
     if (timeout_selects(fn))
         return timeout_now();
     return NVML_SUCCESS;
@@ -184,6 +209,8 @@ nvmlReturn_t sim_enter_dev(const char *fn, nvmlDevice_t device, const sim_gpu_t 
         pthread_mutex_unlock(&sim_mutex);
         return NVML_ERROR_GPU_IS_LOST;
     }
+    if (g->hang && hang_selects(fn))
+        return hang_now();
     if (g->timeout && timeout_selects(fn))
         return timeout_now();
     *gpu = g;

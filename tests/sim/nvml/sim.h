@@ -42,6 +42,7 @@ typedef struct sim_gpu {
     unsigned recovery_action;
     int lost;
     int timeout; /* this GPU is selected by the timeout fault */
+    int hang;    /* this GPU is selected by the hang fault */
 } sim_gpu_t;
 
 /* The whole node description (node.conf). */
@@ -61,6 +62,7 @@ typedef struct sim_config {
     char phantom_pids[2048]; /* "gpu:pid,gpu:pid": entries the compute list reports that hold nothing */
     char timeout_functions[2048]; /* ",name,name," (leading/trailing comma for matching) */
     int timeout_delay_ms;
+    char hang_functions[2048]; /* ",name,name,": these never return (a driver hang) */
 } sim_config_t;
 
 /* nvml.h only forward-declares this; a handle points into sim_devices[]. */

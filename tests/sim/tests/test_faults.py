@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -149,6 +151,88 @@ def test_timeout_with_a_hang_and_on_system_calls(node, live) -> None:
         live.nvmlDeviceGetHandleByIndex(4)
     node.set_fault(timeout=None)
     assert live.nvmlSystemGetDriverVersion() == "580.159.04"
+
+
+# 4b ------------------------------------------------------------- driver hang: a call that never returns
+HANG_CLIENT = r"""
+import os, sys, threading, pynvml
+pynvml.nvmlInit()
+h0, h1 = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
+print("mem0", pynvml.nvmlDeviceGetMemoryInfo(h0).total >> 20, flush=True)
+def other():
+    # While the main thread is stuck in the driver, another thread still gets answers for other GPUs.
+    print("thread-mem2", pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(2)).total >> 20, flush=True)
+print("calling", flush=True)
+threading.Timer(0.3, other).start()
+pynvml.nvmlDeviceGetMemoryInfo(h1)
+print("returned", flush=True)
+"""
+
+
+def _wchan_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_hang_blocks_a_chosen_call_on_a_chosen_gpu_forever(node) -> None:
+    node.set_fault(hang={"functions": ["nvmlDeviceGetMemoryInfo"], "gpus": [1]})
+    proc = subprocess.Popen([sys.executable, "-c", HANG_CLIENT], env={**os.environ, **node.env()}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().split() == ["mem0", "143771"]  # GPU 0 answers
+        assert proc.stdout.readline().strip() == "calling"
+        assert proc.stdout.readline().split() == ["thread-mem2", "143771"]  # the process is not wedged as a whole
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)  # GPU 1's call does not come back ...
+        node.set_fault(hang=None)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)  # ... not even once the fault is gone, as a real hang does not end by itself
+        assert _wchan_state(proc.pid) == "S"
+        proc.send_signal(signal.SIGINT)  # Python's handler cannot run: the thread never leaves the driver
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)
+        proc.kill()  # SIGKILL ends it
+        assert proc.wait(timeout=5) == -signal.SIGKILL
+        assert "returned" not in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # A fresh client after the fault is cleared gets its answer.
+    assert node.memory_info(1)["total_mib"] == 143771
+
+
+def test_hang_of_a_handle_lookup_only_on_its_gpu_and_of_a_system_call(node, nvml) -> None:
+    node.set_fault(hang={"functions": ["nvmlDeviceGetHandleByIndex"], "gpus": [3]})
+    assert nvml(node, "nvmlInit(); result = [nvmlDeviceGetUUID(nvmlDeviceGetHandleByIndex(i))[:4] for i in (0, 2, 4)]") == ["GPU-"] * 3
+    hung = subprocess.Popen([sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetHandleByIndex(3)"], env={**os.environ, **node.env()})
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            hung.wait(timeout=1)
+    finally:
+        hung.kill()
+        hung.wait()
+    node.set_fault(hang=["nvmlSystemGetDriverVersion"])
+    ok = subprocess.run(
+        [sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount()"], env={**os.environ, **node.env()}, timeout=30, check=False
+    )
+    assert ok.returncode == 0
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(
+            [sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); pynvml.nvmlSystemGetDriverVersion()"],
+            env={**os.environ, **node.env()},
+            timeout=1,
+            check=False,
+        )
+
+
+def test_hang_through_the_cli(node) -> None:
+    cli = [str(paths.SIM_ROOT / "bin" / "gpusim"), "fault", "--state", str(node.state_dir)]
+    subprocess.run([*cli, "hang=nvmlDeviceGetMemoryInfo_v2", "hang_gpus=2,5"], check=True)
+    f = node.description.faults
+    assert (f.hang_functions, f.hang_gpus) == (["nvmlDeviceGetMemoryInfo_v2"], [2, 5])
+    subprocess.run([*cli, "hang="], check=True)
+    assert node.description.faults.hang_functions == []
 
 
 # 5 -------------------------------------------------------------- orphaned context, recovery action

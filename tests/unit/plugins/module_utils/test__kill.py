@@ -182,6 +182,7 @@ def test_options_are_refused_before_any_container_is_looked_up(tmp_path) -> None
         "grace_period": 1,
         "kill_timeout": 1,
         "deadline": None,
+        "probe_timeout": 10,
         "containers": [42],
         "device_dir": str(tmp_path),
         "pct_path": None,

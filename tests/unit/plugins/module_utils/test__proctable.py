@@ -246,3 +246,23 @@ def test_reasons_compress_runs_of_device_files() -> None:
     assert h.describe() == ["holds nvidia0-3 (fd+mmap)", "holds nvidia5 (fd)"]
     assert h.describe({2, 5}) == ["holds nvidia2 (fd+mmap)", "holds nvidia5 (fd)"]
     assert _proctable.Holding(other_fds={"nvidiactl"}).describe() == ["holds nvidiactl"]
+
+
+def test_reads_of_a_process_in_state_d_are_made_under_a_deadline(tmp_path: Path) -> None:
+    # A FIFO without a writer blocks its reader in the kernel, as the maps or command line of a process
+    # whose memory-map lock a task stuck in the driver holds would.
+    fifo = tmp_path / "blocks"
+    os.mkfifo(fifo)
+    with pytest.raises(TimeoutError, match="state D"):
+        _proctable.read_guarded(str(fifo), "D", limit=0.2)
+    # The abandoned reader is still waiting; a writer releases it (the test's own clean-up).
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    os.close(fd)
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"a\0b\0")
+    assert _proctable.read_guarded(str(plain), "D") == b"a\0b\0" == _proctable.read_guarded(str(plain), "S")
+    with pytest.raises(FileNotFoundError):
+        _proctable.read_guarded(str(tmp_path / "gone"), "D")
+    # A live process read as if it were in state D gives the same answer as a direct read.
+    me = os.getpid()
+    assert _proctable.read_command(me, "D") == _proctable.read_command(me)

@@ -241,9 +241,25 @@ def test_a_lost_gpu_is_counted_but_not_healthy() -> None:
 
 
 def test_options_are_checked_before_the_gpus_are_touched(tmp_path) -> None:
-    params = {"timeout": 30, "interval": 0.1, "max_used_mib": 64, "expected_count": None, "device_dir": str(tmp_path), "gpus": [0, "/dev/nvidia3"]}
+    params = {
+        "timeout": 30,
+        "interval": 0.1,
+        "probe_timeout": 10,
+        "max_used_mib": 64,
+        "expected_count": None,
+        "device_dir": str(tmp_path),
+        "gpus": [0, "/dev/nvidia3"],
+    }
     assert _verify.validate(params) == [0, "/dev/nvidia3"]
-    for option, value in (("interval", 0), ("timeout", float("inf")), ("expected_count", 2000), ("device_dir", str(tmp_path / "no"))):
+    bad = (
+        ("interval", 0),
+        ("timeout", float("inf")),
+        ("probe_timeout", 0.05),
+        ("probe_timeout", float("nan")),
+        ("expected_count", 2000),
+        ("device_dir", str(tmp_path / "no")),
+    )
+    for option, value in bad:
         with pytest.raises(CleanSlateError) as err:
             _verify.validate({**params, option: value})
         assert err.value.details["option"] == option
