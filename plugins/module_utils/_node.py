@@ -26,6 +26,8 @@ The phases, in order, each only when selected (``phases``):
   gpu_procs_kill for real, with the same options: the plan shown before the
   commands is the kill's own, by construction;
 * ``residue``: gpu_job_residue;
+* ``restore``: gpu_mode_restore (put back the modes the last job changed; in check mode a GPU still in use
+  is the expected picture and does not stop the run);
 * ``verify``: gpu_mem_verify.
 
 Every option of every selected phase is checked before the first phase runs
@@ -33,7 +35,7 @@ Every option of every selected phase is checked before the first phase runs
 stops at the first phase that fails; the module then fails with that phase's
 ``reason`` and ``msg`` and names it in ``phase``; each phase's result is kept
 under its name (``before``, ``plan``, ``pre_stop``, ``kill``, ``residue``,
-``verify``), a failed one with ``failed: true``.
+``restore``, ``verify``), a failed one with ``failed: true``.
 """
 
 from __future__ import annotations
@@ -46,11 +48,23 @@ import typing as t
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _kill, _module, _nvml, _pct, _procs, _reasons, _residue, _signals, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
+    _checks,
+    _kill,
+    _module,
+    _nvml,
+    _pct,
+    _procs,
+    _reasons,
+    _residue,
+    _restore,
+    _signals,
+    _verify,
+)
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 #: The phases, in the order they run.
-PHASES = ("preflight", "kill", "residue", "verify")
+PHASES = ("preflight", "kill", "residue", "restore", "verify")
 #: The readings that fail because the driver cannot be read at all: with kill.allow_name_only they do not stop the kill.
 UNREADABLE = (
     _reasons.LIBRARY_NOT_FOUND,
@@ -69,6 +83,7 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "verify": {"type": "dict", "default": {}},
         "kill": {"type": "dict", "default": {}},
         "residue": {"type": "dict", "default": {}},
+        "restore": {"type": "dict", "default": {}},
         "pre_stop": {"type": "list", "elements": "str", "default": []},
         "pre_stop_timeout": {"type": "float", "default": 60},
         **_pct.SCOPE_OPTIONS,
@@ -109,12 +124,17 @@ def phase_params(name: str, spec: dict[str, dict[str, t.Any]], given: t.Any) -> 
     return dict(checked.validated_parameters)
 
 
+def selected_phases(p: t.Mapping[str, t.Any]) -> list[str]:
+    """The phases asked for (all by default), in their order; restore only when its options declare something."""
+    return [name for name in PHASES if (p["phases"] is None or name in p["phases"]) and (name != "restore" or p["restore"])]
+
+
 def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
     """Every selected phase's options, checked as its own module checks them, before anything runs.
 
     A refusal names, in ``phase``, the phase whose options were wrong (``arguments`` for the umbrella's own).
     """
-    phases = PHASES if p["phases"] is None else p["phases"]
+    phases = selected_phases(p)
     scope = {"containers": p["containers"], "pct_path": p["pct_path"]}
     out: dict[str, dict[str, t.Any]] = {}
     with refused("arguments"):
@@ -139,6 +159,10 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
             _procs.compile_patterns(k["patterns"])
             _procs.protect_list(k["protect"], k["unprotect"])
             _kill.compile_where(k["where"])
+    if "restore" in phases:
+        with refused("restore"):
+            out["restore"] = phase_params("restore", _restore.argument_spec(), p["restore"])
+            _restore.validate(out["restore"])
     if "residue" in phases:
         with refused("residue"):
             r = out["residue"] = {**phase_params("residue", _residue.argument_spec(), p["residue"]), **scope}
@@ -248,6 +272,11 @@ def residue_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
     return _module.outcome(phase, body, "gpu_job_residue", details=body.details)
 
 
+def restore_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
+    nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
+    return _module.outcome(Phase(module, params, module.check_mode), _restore.run, "gpu_mode_restore", libraries=[nvml])
+
+
 class Stop(Exception):
     """The run stops at a phase: its name and the result that stopped it."""
 
@@ -262,7 +291,7 @@ def run(module: t.Any) -> dict[str, t.Any]:
     start = time.monotonic()
     started = datetime.datetime.now()
     p = module.params
-    phases = [name for name in PHASES if p["phases"] is None or name in p["phases"]]
+    phases = selected_phases(p)
     params = selected_params(p)
     out: dict[str, t.Any] = {"changed": False, "phases": phases, "python": _verify.python_facts()}
     try:
@@ -271,16 +300,14 @@ def run(module: t.Any) -> dict[str, t.Any]:
         failure = stop.result
         why = failure.get("reason")  # every phase's failure carries its reason (the modules' one failure shape)
         out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase=stop.phase)
-        out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue")) or bool(out.get("pre_stop"))
+        out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue", "restore")) or bool(out.get("pre_stop"))
         raise CleanSlateError(failure.get("msg", ""), reason=why or _reasons.INTERNAL_ERROR, **out) from None
     out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase="done")
-    out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue")) or any(r.get("changed") for r in out.get("pre_stop", []))
-    diffs = [out[n]["diff"] for n in ("kill", "residue") if isinstance(out.get(n), dict) and "diff" in out[n]]
+    out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue", "restore")) or any(r.get("changed") for r in out.get("pre_stop", []))
+    diffs = [out[n]["diff"] for n in ("kill", "residue", "restore") if isinstance(out.get(n), dict) and "diff" in out[n]]
     if diffs:
         out["diff"] = diffs
-    out["msg"] = "; ".join(
-        f"{n}: {out[k]['msg']}" for n, k in (("before", "before"), ("kill", "kill"), ("residue", "residue"), ("verify", "verify")) if out.get(k, {}).get("msg")
-    )
+    out["msg"] = "; ".join(f"{n}: {out[n]['msg']}" for n in ("before", "kill", "residue", "restore", "verify") if out.get(n, {}).get("msg"))
     return out
 
 
@@ -320,6 +347,13 @@ def steps(module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: di
         residue = out["residue"] = residue_phase(module, params["residue"])
         if residue.get("failed"):
             raise Stop("residue", residue)
+    if "restore" in phases:
+        restore = out["restore"] = restore_phase(module, params["restore"])
+        if restore.get("failed"):
+            if not module.check_mode:
+                raise Stop("restore", restore)
+            # In check mode nothing was ended, so a GPU still in use is the expected picture, not a failure.
+            restore["failed"] = False
     if "verify" in phases:
         verify = out["verify"] = verify_phase(module, params["verify"])
         if verify.get("failed"):

@@ -66,6 +66,12 @@ HOLDERS_REMAIN = "holders_remain"
 NOT_CLEAN = "not_clean"
 #: Fewer healthy GPUs than ``expected_count``.
 MISSING_GPUS = "missing_gpus"
+#: The memory is clean, but the health verdict (``health.verdict``) is at or above ``fail_on``; ``health.evidence`` says why.
+UNHEALTHY = "unhealthy"
+
+# ---------------------------------------------------------------------- gpu_mode_restore
+#: A declared value did not take (the compute mode reads otherwise, or the MPS daemon survived its deadline).
+RESTORE_FAILED = "restore_failed"
 
 # ---------------------------------------------------------------------- NVML: the GPUs cannot be read
 LIBRARY_NOT_FOUND = "library_not_found"
@@ -119,7 +125,7 @@ DIAGNOSES = (CLEAN, BUSY, HELD_BY_PROTECTED, HELD_OUTSIDE_NAMESPACE, ORPHANED_CO
 #: The reasons each module can fail with; each module's RETURN documentation lists exactly these.
 MODULES: dict[str, tuple[str, ...]] = {
     "gpu_procs_kill": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, *CONTAINERS, NO_DISCOVERY_SOURCE, UNKILLABLE, HOLDERS_REMAIN, *NVML),
-    "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, *NVML),
+    "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, UNHEALTHY, *NVML),
     "gpu_job_residue": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, PORT_IN_USE, PORT_CONNECTED, PORT_TIME_WAIT, REMOVE_FAILED, SCAN_INCOMPLETE),
     "clean_slate_node": (
         BAD_ARGUMENTS,
@@ -133,12 +139,16 @@ MODULES: dict[str, tuple[str, ...]] = {
         HOLDERS_REMAIN,
         NOT_CLEAN,
         MISSING_GPUS,
+        UNHEALTHY,
         *NVML,
         PORT_IN_USE,
         PORT_CONNECTED,
         PORT_TIME_WAIT,
         REMOVE_FAILED,
         SCAN_INCOMPLETE,
+        BUSY,
+        RESTORE_FAILED,
     ),
     "pct_exec": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, COMMAND_FAILED, TIMEOUT),
+    "gpu_mode_restore": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, BUSY, RESTORE_FAILED, *NVML),
 }

@@ -27,7 +27,7 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _probe, _procs, _proctable, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _health, _nvml, _probe, _procs, _proctable, _reasons
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     Gpu,
@@ -143,6 +143,27 @@ def read_all(session: t.Any, gpus: list[Gpu]) -> list[Reading]:
             reading = Reading(gpu=gpu, error=t.cast(NvmlError, answer.error))
         readings.append(reading)
     return readings
+
+
+def read_health(_session: t.Any, gpu: Gpu) -> dict[str, t.Any]:
+    """The health readings of one GPU (:func:`._health.read_gpu`), in the shape :meth:`._probe.Prober.each` calls."""
+    return _health.read_gpu(gpu.handle)
+
+
+def read_health_all(session: t.Any, gpus: list[Gpu]) -> tuple[list[dict[str, t.Any] | None], dict[int, CleanSlateError]]:
+    """Each GPU's health readings (None for a GPU that has an error, or whose reading failed), under the
+    prober's deadline when ``session`` is a Prober, and the GPUs whose reading hung (index -> DriverHung)."""
+    readable = [g for g in gpus if g.error is None]
+    hung: dict[int, CleanSlateError] = {}
+    if isinstance(session, _probe.Prober):
+        got = {}
+        for g, answer in zip(readable, session.each(read_health, readable)):
+            got[g.index] = answer.value if answer.error is None else None
+            if isinstance(answer.error, _probe.DriverHung):
+                hung[g.index] = answer.error
+    else:
+        got = {g.index: read_health(session, g) for g in readable}
+    return [got.get(g.index) for g in gpus], hung
 
 
 def processes_by_gpu(session: t.Any, gpus: list[Gpu]) -> dict[int, list[GpuProcess]]:
@@ -340,6 +361,7 @@ class Outcome:
     polls: int
     notes: list[str]
     unreadable: int = 0  # processes whose file descriptors could not be read while naming holders
+    health: list[dict[str, t.Any] | None] = field(default_factory=list)  # NVML health readings per GPU (None: not read)
 
     @property
     def clean_count(self) -> int:
@@ -356,8 +378,10 @@ def poll_until_clean(
     every_gpu: list[Gpu] | None = None,
     clock: t.Callable[[], float] = time.monotonic,
     sleep: t.Callable[[float], None] = time.sleep,
+    health: bool = False,
 ) -> Outcome:
-    """Poll until every GPU in ``gpus`` is clean or ``timeout`` seconds pass."""
+    """Poll until every GPU in ``gpus`` is clean or ``timeout`` seconds pass; with ``health``, then
+    take each GPU's health readings once (they do not change while memory is released)."""
     start = clock()
     deadline = start + timeout
     polls = 0
@@ -399,9 +423,18 @@ def poll_until_clean(
     for reading, (clean, _terminal) in zip(readings, judged):
         diagnosis, detail, _pids = diagnose(reading, criteria, holders, own, nvml_minors)
         reports.append(gpu_report(reading, diagnosis, detail, clean))
+    # Once, after the polling (they do not change while memory is released); a GPU whose identity could not
+    # be read, or whose driver hung, has no readings: they stay unknown.
+    health_readings: list[dict[str, t.Any] | None] = [None] * len(readings)
+    if health:
+        health_readings, hung = read_health_all(session, [r.gpu for r in readings])
+        for report in reports:
+            if report["index"] in hung:
+                # A health query that hung is a hung driver like any other call: the GPU is not usable.
+                report.update(clean=False, diagnosis=_reasons.DRIVER_HUNG, detail=hung[report["index"]].msg)
     # Measured after the /proc scan and the diagnoses: they are part of what the verification cost.
     elapsed = clock() - start
-    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable)
+    return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable, health=health_readings)
 
 
 def failure_message(outcome: Outcome, expected_total: int) -> str:
@@ -416,6 +449,16 @@ def failure_message(outcome: Outcome, expected_total: int) -> str:
 # ---------------------------------------------------------------------- the gpu_mem_verify module
 def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     """Reject bad input before touching the GPUs; returns the parsed GPU selectors."""
+    if params.get("fail_on") is not None and params["fail_on"] not in _health.FAIL_ON_CHOICES:
+        raise CleanSlateError(
+            f"fail_on must be one of {', '.join(_health.FAIL_ON_CHOICES)}, got {params['fail_on']!r}.", reason=_reasons.BAD_ARGUMENTS, option="fail_on"
+        )
+    if _health.parse_since(params.get("since"), 0.0) is None:
+        raise CleanSlateError(
+            f"since must be epoch seconds (1796112000) or an ISO 8601 time (2026-12-01T08:00:00Z), got {params['since']!r}.",
+            reason=_reasons.BAD_ARGUMENTS,
+            option="since",
+        )
     _checks.number("timeout", params["timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
     _checks.number("interval", params["interval"], 0.001, 60, unit="seconds")
     _checks.number("probe_timeout", params["probe_timeout"], 0.1, 3600, unit="seconds")
@@ -471,7 +514,37 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "probe_timeout": {"type": "float", "default": 10},
         "fail_on_dirty": {"type": "bool", "default": True},
         "device_dir": {"type": "path", "default": "/dev"},
+        "health": {"type": "bool", "default": True},
+        "fail_on": {"type": "str", "default": "reset_gpu", "choices": ["ok", "restart_app", "reset_gpu", "reboot", "drain", "never"]},
+        "since": {"type": "raw"},
+        "kernel_log": {"type": "path", "default": "/dev/kmsg"},
     }
+
+
+def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_log: str, fail_on: str, run: _health.Run | None = None) -> dict[str, t.Any]:
+    """Attach each GPU's ``health`` to its report (Xid events by PCI address) and return the host's."""
+    started = time.monotonic()
+    source, events = _health.read_xids(since, kernel_log, run)
+    buses = {_health.bus_key(g.pci_bus_id) for g in every_gpu if g.pci_bus_id}
+    per_gpu = []
+    for report, readings in zip(outcome.gpus, outcome.health):
+        readings = dict(readings) if readings is not None else dict.fromkeys(_health.READING_KEYS)
+        key = _health.bus_key(report["pci_bus_id"])
+        mine = [e for e in events if key is not None and e["bus"] == key]
+        readings["xid"] = [{k: v for k, v in e.items() if k != "bus"} for e in mine] if source != "unreadable" else None
+        report["health"] = _health.judge_gpu(readings, report["diagnosis"])
+        per_gpu.append((report["index"], report["health"]))
+    stray = [e for e in events if e["bus"] not in buses]
+    host = _health.host_findings(_health.fabric_present(r for r in outcome.health if r))
+    host["kernel_log"] = source
+    verdict = _health.judge_host(per_gpu, host, fail_on, stray)
+    if source == "unreadable":
+        outcome.notes.append(
+            f"The kernel log cannot be read ({kernel_log}, journalctl -k): Xid errors are not part of the health verdict; run with become: true."
+        )
+    verdict["since"] = round(since, 3)
+    verdict["elapsed_s"] = round(time.monotonic() - started, 4)
+    return verdict
 
 
 def run(module: t.Any) -> dict[str, t.Any]:
@@ -483,6 +556,7 @@ def run(module: t.Any) -> dict[str, t.Any]:
     started = datetime.datetime.now()
     p = module.params
     selectors = validate(p)
+    since = t.cast(float, _health.parse_since(p.get("since"), started.timestamp()))
     files_problem = _nvml.device_files_problem(p["device_dir"])
     if files_problem:
         module.warn(f"The GPU device files cannot be used ({files_problem}): holders of a GPU that is not clean can be named only if NVML lists them.")
@@ -493,7 +567,16 @@ def run(module: t.Any) -> dict[str, t.Any]:
         every = prober.start()
         selected = _nvml.select_gpus(every, selectors)
         criteria = Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
-        outcome = poll_until_clean(prober, selected, criteria, timeout=p["timeout"], interval=p["interval"], device_dir=p["device_dir"], every_gpu=every)
+        outcome = poll_until_clean(
+            prober,
+            selected,
+            criteria,
+            timeout=p["timeout"],
+            interval=p["interval"],
+            device_dir=p["device_dir"],
+            every_gpu=every,
+            health=p.get("health", False),
+        )
         try:
             driver = prober.call(NvmlSession.driver_version)
         except CleanSlateError:
@@ -503,12 +586,18 @@ def run(module: t.Any) -> dict[str, t.Any]:
             f"NVML helper process(es) {', '.join(map(str, prober.left_behind))} did not die of SIGKILL within {_probe.REAP_WAIT_S} s (stuck in the"
             " driver, state D); they end when the driver lets them."
         )
+    health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command) if p.get("health") else None
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
             " lists it; run with become: true."
         )
     reason, msg = verdict(outcome, every, len(selected), p["expected_count"])
+    if health is not None and health["verdict"] != _health.OK:
+        msg += f". Health: {health['verdict']}: {' '.join(health['evidence'])} {_health.advice(health['verdict'])}"
+        if reason is None and _health.fails(health["verdict"], p["fail_on"]):
+            reason = _reasons.UNHEALTHY
+            msg += f" (fail_on is {p['fail_on']})"
     result = {
         "changed": False,
         "clean": reason is None,
@@ -524,6 +613,7 @@ def run(module: t.Any) -> dict[str, t.Any]:
         "driver_version": driver,
         "notes": outcome.notes,
         "python": python_facts(),
+        "health": health,
     }
     if reason is not None and p["fail_on_dirty"]:
         details = {k: v for k, v in result.items() if k != "msg"}

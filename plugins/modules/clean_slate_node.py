@@ -17,8 +17,9 @@ description:
     (M(gpuops.clean_slate.gpu_mem_verify) with the O(verify) options, C(timeout=0), C(fail_on_dirty=false)); V(kill)
     ends the GPU processes (M(gpuops.clean_slate.gpu_procs_kill) with the O(kill) options), after the O(pre_stop)
     commands when there is something to end; V(residue) removes what dead jobs left
-    (M(gpuops.clean_slate.gpu_job_residue) with the O(residue) options); V(verify) waits until every GPU is clean
-    (M(gpuops.clean_slate.gpu_mem_verify) with the O(verify) options).
+    (M(gpuops.clean_slate.gpu_job_residue) with the O(residue) options); V(restore) puts back the modes the last job
+    changed (M(gpuops.clean_slate.gpu_mode_restore) with the O(restore) options); V(verify) waits until every GPU is
+    clean and judges its health (M(gpuops.clean_slate.gpu_mem_verify) with the O(verify) options).
   - This is what the C(gpuops.clean_slate.clean_slate) role runs. Ansible pays for every module it runs (a worker on
     the controller, the transfer, an interpreter start on the host); one run instead of four keeps the whole playbook
     within a breath of the modules' own time.
@@ -47,16 +48,17 @@ attributes:
 options:
   phases:
     description:
-      - The phases this task may run, always in the order V(preflight), V(kill), V(residue), V(verify). Default all.
+      - The phases this task may run, always in the order V(preflight), V(kill), V(residue), V(restore), V(verify).
+        Default all.
       - The action plugin runs those of them that the run's tags select, each phase judged as Ansible judges a task
         that carries the phase's tags (V(preflight) C(clean_slate), C(clean_slate_preflight), C(clean_slate_kill);
-        V(kill) C(clean_slate), C(clean_slate_kill); V(residue) C(clean_slate), C(clean_slate_residue); V(verify)
-        C(clean_slate), C(clean_slate_verify)) plus the tags the task inherits (an including task's C(apply), a block,
-        a role's tags), against C(--tags) and C(--skip-tags). With no phase selected, nothing runs on the host and the
-        task is skipped.
+        V(kill) C(clean_slate), C(clean_slate_kill); V(residue) C(clean_slate), C(clean_slate_residue); V(restore)
+        C(clean_slate), C(clean_slate_restore); V(verify) C(clean_slate), C(clean_slate_verify)) plus the tags the
+        task inherits (an including task's C(apply), a block, a role's tags), against C(--tags) and C(--skip-tags).
+        With no phase selected, nothing runs on the host and the task is skipped.
     type: list
     elements: str
-    choices: [preflight, kill, residue, verify]
+    choices: [preflight, kill, residue, restore, verify]
   verify:
     description:
       - The options of M(gpuops.clean_slate.gpu_mem_verify), for the V(verify) phase; the V(preflight) phase uses them
@@ -72,6 +74,13 @@ options:
   residue:
     description:
       - The options of M(gpuops.clean_slate.gpu_job_residue) but O(containers) and O(pct_path), which are this module's.
+    type: dict
+    default: {}
+  restore:
+    description:
+      - The options of M(gpuops.clean_slate.gpu_mode_restore), for the V(restore) phase (after the residue, before the
+        verification). In check mode a GPU still in use does not stop the run there.
+      - The V(restore) phase runs only when this declares something; V({}) leaves it out.
     type: dict
     default: {}
   pre_stop:
@@ -99,6 +108,7 @@ seealso:
   - module: gpuops.clean_slate.gpu_mem_verify
   - module: gpuops.clean_slate.gpu_procs_kill
   - module: gpuops.clean_slate.gpu_job_residue
+  - module: gpuops.clean_slate.gpu_mode_restore
 """
 
 EXAMPLES = r"""
@@ -161,6 +171,10 @@ residue:
   description: What M(gpuops.clean_slate.gpu_job_residue) returned.
   returned: when the residue phase ran
   type: dict
+restore:
+  description: What M(gpuops.clean_slate.gpu_mode_restore) returned.
+  returned: when the restore phase ran
+  type: dict
 verify:
   description: What M(gpuops.clean_slate.gpu_mem_verify) returned.
   returned: when the verify phase ran
@@ -172,11 +186,12 @@ msg:
 reason:
   description:
     - Why the module failed, the failed phase's reason - V(gpus_not_read), V(command_failed) (a pre-stop command),
-      those of M(gpuops.clean_slate.gpu_mem_verify) (V(not_clean), V(missing_gpus), V(library_not_found),
+      those of M(gpuops.clean_slate.gpu_mem_verify) (V(not_clean), V(missing_gpus), V(unhealthy), V(library_not_found),
       V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
       V(needs_reset), V(nvml_error), V(driver_hung)), of M(gpuops.clean_slate.gpu_procs_kill) (V(no_discovery_source), V(unkillable),
       V(holders_remain)), of M(gpuops.clean_slate.gpu_job_residue) (V(port_in_use), V(port_connected),
-      V(port_time_wait), V(remove_failed), V(scan_incomplete)), V(not_running), V(no_such_container) or V(pct_failed)
+      V(port_time_wait), V(remove_failed), V(scan_incomplete)), of M(gpuops.clean_slate.gpu_mode_restore) (V(busy),
+      V(restore_failed)), V(not_running), V(no_such_container) or V(pct_failed)
       (the containers), V(bad_arguments), V(missing_library) or V(internal_error).
     - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure

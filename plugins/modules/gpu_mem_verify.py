@@ -94,6 +94,37 @@ options:
         children) can then not be named.
     type: path
     default: /dev
+  health:
+    description:
+      - Judge each GPU's health besides its memory (RV(gpus[].health), RV(health)), from NVML (recovery action, row
+        remaps, retired pages, volatile uncorrectable ECC errors, NVLink fabric state, compute, MIG and persistence
+        modes), from Xid errors in the kernel log since O(since), and from the host (an MPS daemon left behind,
+        C(nvidia-fabricmanager) not running where the fabric is not up).
+      - It costs well under a millisecond per GPU plus one read of the kernel log; V(false) skips it.
+    type: bool
+    default: true
+  fail_on:
+    description:
+      - The health verdict from which the module fails with RV(reason=unhealthy) (when the memory is clean). The
+        verdicts, from best to worst, are V(ok), V(restart_app), V(reset_gpu), V(reboot) and V(drain); V(never) only reports.
+      - With O(fail_on_dirty=false) the module never fails for health either.
+    type: str
+    choices: [ok, restart_app, reset_gpu, reboot, drain, never]
+    default: reset_gpu
+  since:
+    description:
+      - Xid errors logged before this time are ignored, as epoch seconds (V(1796112000)) or an ISO 8601 time
+        (V(2026-12-01T08:00:00Z); without a zone, the target's local time).
+      - Default, when the module starts. Give the time the job (or the clean-up run) started, so that the Xids of
+        the job that just ended count, and none that a reset has since cleared.
+    type: raw
+  kernel_log:
+    description:
+      - The kernel log to read Xid errors from, in C(/dev/kmsg)'s record format. When it cannot be read (the kernel's
+        C(dmesg_restrict) without become), the module asks C(journalctl -k); when neither works, the C(kernel_log) of RV(health)'s C(host)
+        is V(unreadable) and a note says so.
+    type: path
+    default: /dev/kmsg
 requirements:
   - nvidia-ml-py (C(pynvml)) on the target
   - the NVIDIA driver (C(libnvidia-ml.so.1))
@@ -133,6 +164,11 @@ EXAMPLES = r"""
   gpuops.clean_slate.gpu_mem_verify:
     require_no_processes: false
 
+- name: Fail only for a GPU that needs a reboot or must be drained, counting Xids since the job started
+  gpuops.clean_slate.gpu_mem_verify:
+    fail_on: reboot
+    since: "{{ job_started_epoch }}"
+
 - name: Look for holders of a non-standard device directory
   gpuops.clean_slate.gpu_mem_verify:
     device_dir: /run/nvidia/driver/dev
@@ -140,7 +176,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 clean:
-  description: Whether every selected GPU is clean (and enough GPUs are visible).
+  description: Whether every selected GPU is clean (and enough GPUs are visible), and the health verdict is below O(fail_on).
   returned: always
   type: bool
   sample: true
@@ -201,6 +237,7 @@ reason:
   description:
     - Why the module failed, on every failure. V(not_clean) (a selected GPU is not clean at the deadline; each GPU's
       RV(gpus[].diagnosis) says why), V(missing_gpus) (fewer healthy GPUs than O(expected_count)), V(bad_arguments),
+      V(unhealthy) (the memory is clean but the health verdict is at or above O(fail_on); RV(health) says why),
       V(missing_library), V(internal_error), or, when the GPUs cannot be read, V(library_not_found),
       V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
       V(needs_reset), V(nvml_error) (NVML failed; the message says why and what to do) or V(driver_hung) (NVML did not
@@ -287,6 +324,39 @@ gpus:
       description: A sentence saying what holds the GPU and what to do next.
       type: str
       sample: clean
+    health:
+      description:
+        - The GPU's health verdict (V(ok), V(restart_app), V(reset_gpu), V(reboot), V(drain)), the evidence (one sentence
+          per finding, starting with the verdict it gives) and the readings it was judged from.
+        - C(readings) holds C(recovery_action), C(xid) (the Xid events of this GPU since O(since), each with C(xid), C(time),
+          the catalog's C(bucket) and the C(line)), C(remapped_rows), C(retired_pages), C(ecc_volatile_uncorrected),
+          C(fabric) (C(state), C(status)), C(compute_mode), C(mig_mode) (C(current), C(pending)) and C(persistence_mode);
+          each null where the GPU or the driver does not report it (never guessed).
+        - A GPU diagnosed V(gpu_lost) (or whose driver call hung) is V(reboot).
+      returned: when O(health) is true
+      type: dict
+      sample:
+        verdict: reset_gpu
+        evidence: ["reset_gpu: a row remapping is pending: it takes effect at the next GPU reset."]
+        readings: {"recovery_action": "none", "xid": [], "remapped_rows": {"correctable": 0, "uncorrectable": 1, "pending": true,
+                   "failure": false}, "retired_pages": null, "ecc_volatile_uncorrected": 0, "fabric": {"state": "completed", "status": 0},
+                   "compute_mode": "default", "mig_mode": {"current": false, "pending": false}, "persistence_mode": true}
+health:
+  description:
+    - The host's health verdict, the worst of its GPUs' and of its own findings, with O(fail_on), the evidence (GPU by GPU),
+      C(since) (epoch seconds) and C(elapsed_s) (what judging it cost).
+    - C(host) holds C(mps_daemon) (PIDs of MPS control daemons and servers left running), C(fabricmanager) (V(running),
+      V(not_running), or V(not_needed) where no GPU has an NVLink fabric) and C(kernel_log) (V(kmsg), V(journalctl) or V(unreadable)).
+    - Null with O(health=false).
+  returned: always
+  type: dict
+  sample:
+    verdict: ok
+    fail_on: reset_gpu
+    evidence: []
+    host: {"mps_daemon": [], "fabricmanager": "not_needed", "kernel_log": "kmsg"}
+    since: 1796112001.52
+    elapsed_s: 0.0012
 """
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _nvml, _verify

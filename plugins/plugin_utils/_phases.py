@@ -16,6 +16,7 @@ PHASE_TAGS: dict[str, frozenset[str]] = {
     "preflight": frozenset({"clean_slate", "clean_slate_preflight", "clean_slate_kill"}),
     "kill": frozenset({"clean_slate", "clean_slate_kill"}),
     "residue": frozenset({"clean_slate", "clean_slate_residue"}),
+    "restore": frozenset({"clean_slate", "clean_slate_restore"}),
     "verify": frozenset({"clean_slate", "clean_slate_verify"}),
 }
 

@@ -30,6 +30,7 @@ fails, rather than skips, where it cannot run guarded.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import typing as t
 
@@ -39,6 +40,8 @@ from gpusim.devns import dev_is_private, private_dev
 from host.hostgate import Host
 
 INITIAL_PIDNS = 0xEFFFFFFC
+MACHINE_LOCK = "/run/lock/gpuops-clean-slate-host-gate.lock"
+_MACHINE_LOCK = -1
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,6 +49,17 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("tests/host needs root (it publishes device files and guards signals with seccomp)")
     if os.stat("/proc/self/ns/pid").st_ino != INITIAL_PIDNS:
         raise pytest.UsageError("tests/host runs in the machine's initial PID namespace: start it directly, not under pidns-run")
+    # One host gate per machine at a time. It runs in the machine's initial PID namespace, where every
+    # process that holds an NVIDIA character device counts as a GPU holder, as on a real host: a second
+    # gate running beside this one (another checkout's `make test`) would have its workers found here and
+    # the guard would (rightly) refuse the signals. Held until this process exits.
+    global _MACHINE_LOCK
+    _MACHINE_LOCK = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"tests/host: another host gate runs on this machine; waiting for {MACHINE_LOCK}", flush=True)
+        fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_EX)
     # Before any thread starts: this process (and what it starts) gets a mount namespace with a
     # /dev of its own; the machine's /dev is not touched.
     private_dev()

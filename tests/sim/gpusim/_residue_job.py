@@ -238,9 +238,31 @@ def lo_up():
         s.close()
 
 
+def _kept(path):
+    """The directories under ``path`` the container must keep seeing: the checkout and interpreter it runs from.
+
+    A checkout under /tmp (CI clones there) would otherwise vanish under the container's fresh tmpfs, and with
+    it the Python that the container's processes are started with.
+    """
+    out = []
+    for cand in (os.path.abspath(__file__), sys.executable, os.getcwd()):
+        if cand.startswith(path.rstrip("/") + "/"):
+            top = os.path.join(path, os.path.relpath(cand, path).split(os.sep)[0])
+            if os.path.isdir(top) and top not in out:
+                out.append(top)
+    return out
+
+
 def init(args):
     for path in args.tmpfs:
+        keep = [(top, os.open(top, os.O_PATH | os.O_DIRECTORY)) for top in _kept(path)]
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=256m", "tmpfs", path], check=True)
+        for top, fd in keep:
+            # Bound back through a descriptor opened before the mount; --no-canonicalize keeps mount(8) from
+            # resolving the /proc link's text in the new view (which would bind the tmpfs onto itself).
+            os.mkdir(top)
+            subprocess.run(["mount", "--no-canonicalize", "--bind", f"/proc/{os.getpid()}/fd/{fd}", top], check=True)
+            os.close(fd)
     if args.lo_up:
         lo_up()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})

@@ -39,6 +39,57 @@ class GpuSpec:
     mig_mode: int = 0  #: 1: MIG on (processes carry GPU/compute instance ids, per-process memory N/A)
     pci_device_id: int = H200_PCI_DEVICE_ID
     pci_subsystem_id: int = H200_PCI_SUBSYSTEM_ID
+    # Health (issue 12): what NVML reports besides memory. None for features: derived from the name.
+    features: list[str] | None = None
+    persistence: int = 1
+    mig_pending: int | None = None  #: None: the same as mig_mode (no change pending)
+    remap_correctable: int = 0
+    remap_uncorrectable: int = 0
+    remap_pending: int = 0
+    remap_failure: int = 0
+    retired_sbe: int = 0
+    retired_dbe: int = 0
+    retired_pending: int = 0
+    ecc_volatile_uncorrected: int = 0
+    fabric_state: int = 3  #: nvmlGpuFabricState_t: 0 not supported, 1 not started, 2 in progress, 3 completed
+    fabric_status: int = 0  #: the nvmlReturn_t of the fabric setup
+
+    def feature_list(self) -> list[str]:
+        return list(self.features) if self.features is not None else model_features(self.name)
+
+
+#: Health fields of GpuSpec that Node.set_health() changes, and their node.conf keys (the same names).
+HEALTH_FIELDS = (
+    "persistence",
+    "mig_pending",
+    "remap_correctable",
+    "remap_uncorrectable",
+    "remap_pending",
+    "remap_failure",
+    "retired_sbe",
+    "retired_dbe",
+    "retired_pending",
+    "ecc_volatile_uncorrected",
+    "fabric_state",
+    "fabric_status",
+)
+FEATURES = ("ecc", "remap", "retired", "fabric", "mig")
+
+
+def model_features(name: str) -> list[str]:
+    """What NVML answers for a GPU model (the rest is NVML_ERROR_NOT_SUPPORTED, as on the real one).
+
+    Hopper and later data-centre GPUs (H100, H200, GH200, B200): ECC, row remapping, the NVLink fabric
+    state and MIG; A100/A30: the same without the fabric state (it came with Hopper); V100: ECC and
+    dynamic page retirement (row remapping replaced it from Ampere on); a consumer GPU (GeForce, RTX):
+    none of them."""
+    if any(m in name for m in ("H100", "H200", "H800", "GH200", "B200", "B100", "GB200")):
+        return ["ecc", "remap", "fabric", "mig"]
+    if any(m in name for m in ("A100", "A30", "A800")):
+        return ["ecc", "remap", "mig"]
+    if any(m in name for m in ("V100", "P100", "T4")):
+        return ["ecc", "retired"]
+    return []
 
 
 @dataclass
@@ -156,6 +207,8 @@ class Description:
                 f"{p}lost={int(g.index in f.lost)}",
                 f"{p}orphan_mib={f.orphan.get(g.index, 0)}",
                 f"{p}recovery_action={f.recovery(g.index)}",
+                f"{p}features={','.join(g.feature_list())}",
+                *(f"{p}{k}={-1 if k == 'mig_pending' and getattr(g, k) is None else getattr(g, k)}" for k in HEALTH_FIELDS),
             ]
         lines += [
             f"fault.library_absent={int(f.library_absent)}",
@@ -214,8 +267,12 @@ class Description:
                     mig_mode=int(kv.get(p + "mig_mode", "0")),
                     pci_device_id=int(kv.get(p + "pci_device_id", str(H200_PCI_DEVICE_ID)), 0),
                     pci_subsystem_id=int(kv.get(p + "pci_subsystem_id", str(H200_PCI_SUBSYSTEM_ID)), 0),
+                    features=_split(kv[p + "features"]) if p + "features" in kv else None,
+                    **{k: int(kv[p + k]) for k in HEALTH_FIELDS if p + k in kv},
                 )
             )
+            if gpus[-1].mig_pending == -1:
+                gpus[-1].mig_pending = None
             if kv.get(p + "lost", "0") == "1":
                 faults.lost.append(i)
             orphan = int(kv.get(p + "orphan_mib", "0"))

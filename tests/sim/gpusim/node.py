@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import paths
-from .description import CONTEXT_OVERHEAD_MIB, PROCESS_APIS, Description, Faults, GpuSpec
+from .description import CONTEXT_OVERHEAD_MIB, FEATURES, HEALTH_FIELDS, PROCESS_APIS, Description, Faults, GpuSpec
 from .procfs import PidHandle, ancestors, children, daemon_running, find_in_namespace, holders
 from .procfs import state as proc_state
 from .state import counted_contexts, memory
@@ -328,7 +328,13 @@ class Node:
             raise RuntimeError("char_devices=True, but character device nodes cannot be made and mapped here (mknod needs root outside a user namespace)")
         for old in (self.state_dir / "ctx").iterdir():
             old.unlink()  # a fresh node has no contexts
+        for old in self.state_dir.glob("compute_mode.*"):
+            old.unlink()  # nor settings of an earlier run (the driver's are lost at unload)
         self.desc.write(self.state_dir)
+        if not self.kernel_log.exists():
+            # What the driver prints at load, before anything goes wrong.
+            self.kernel_message("nvidia: loading out-of-tree module taints kernel.", prio=4)
+            self.kernel_message(f"NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  {self.desc.driver_version}  Release Build")
         names = [f"nvidia{g.minor}" for g in self.desc.gpus] + ["nvidiactl", "nvidia-uvm"]
         for dev in names:
             self._make_device(dev)
@@ -677,6 +683,89 @@ class Node:
         for g in [gpus] if isinstance(gpus, int) else gpus:
             self.desc.gpus[int(g)].mig_mode = int(bool(enabled))
         self.desc.write(self.state_dir)
+
+    # ------------------------------------------------------------ health (issue 12)
+    def set_health(self, gpus: list[int] | int, **kw: Any) -> None:
+        """Change what NVML reports about these GPUs' health: persistence (0/1), mig_pending (0/1, None:
+        none pending), remap_correctable/remap_uncorrectable (rows), remap_pending/remap_failure (0/1),
+        retired_sbe/retired_dbe (pages), retired_pending (0/1), ecc_volatile_uncorrected (count),
+        fabric_state (0 not supported .. 3 completed, or its name), fabric_status (an NVML return code),
+        features (a list of "ecc", "remap", "retired", "fabric", "mig"; None: what the model has)."""
+        states = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+        for g in [gpus] if isinstance(gpus, int) else gpus:
+            spec = self.desc.gpus[int(g)]
+            for key, value in kw.items():
+                if key == "features":
+                    if value is not None and not set(value) <= set(FEATURES):
+                        raise ValueError(f"features must be among {FEATURES}")
+                    spec.features = None if value is None else list(value)
+                elif key == "fabric_state" and isinstance(value, str):
+                    spec.fabric_state = states[value]
+                elif key == "mig_pending":
+                    spec.mig_pending = None if value is None else int(value)
+                elif key in HEALTH_FIELDS:
+                    setattr(spec, key, int(value))
+                else:
+                    raise TypeError(f"unknown health field {key!r}")
+        self.desc.write(self.state_dir)
+
+    def set_compute_mode(self, gpu: int, mode: int | str) -> None:
+        """Set GPU ``gpu``'s compute mode as ``nvidia-smi -c`` would (0 default, 2 prohibited, 3 exclusive_process):
+        the same file the library's nvmlDeviceSetComputeMode writes."""
+        modes = {"default": 0, "prohibited": 2, "exclusive_process": 3}
+        value = modes[mode] if isinstance(mode, str) else int(mode)
+        path = self.state_dir / f"compute_mode.{int(gpu)}"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(f"{value}\n")
+        os.replace(tmp, path)
+
+    def compute_mode(self, gpu: int) -> int:
+        """GPU ``gpu``'s compute mode as the library reads it (no NVML)."""
+        try:
+            return int((self.state_dir / f"compute_mode.{int(gpu)}").read_text().strip() or 0)
+        except FileNotFoundError:
+            return 0
+
+    @property
+    def kernel_log(self) -> Path:
+        """The node's kernel log: a file in /dev/kmsg's record format (``prio,seq,usec,flags;message``,
+        usec in CLOCK_MONOTONIC microseconds), which the modules read as they read /dev/kmsg."""
+        return self.state_dir / "kmsg"
+
+    def kernel_message(self, message: str, prio: int = 6) -> None:
+        """Append one record to the kernel log, stamped now, as printk does."""
+        path = self.kernel_log
+        try:
+            seq = sum(1 for _line in path.open("rb"))
+        except FileNotFoundError:
+            seq = 0
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(f"{prio},{seq},{usec},-;{message}\n")
+
+    XID_TEXT = {
+        13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+        31: "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_34560000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+        43: "Ch 00000008",
+        45: "Ch 00000008",
+        48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.",
+        63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+        64: "Row Remapper: Failed to mark a row for remapping.",
+        79: "GPU has fallen off the bus.",
+        94: "Contained: SM (0x1). RST: No, D-RST: No",
+        95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+        119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
+    }
+
+    def xid(self, gpu: int, xid: int, text: str | None = None, pid: int | None = None, name: str | None = None) -> str:
+        """Log Xid ``xid`` for GPU ``gpu`` in the kernel log as the NVIDIA driver prints it; returns the message."""
+        spec = self.desc.gpus[int(gpu)]
+        domain, bus, dev = (int(x, 16) for x in spec.pci_bus_id.split(".")[0].split(":"))
+        who = f"pid={pid}, name={name}" if pid is not None else "pid='<unknown>', name=<unknown>"
+        body = text if text is not None else self.XID_TEXT.get(int(xid), "Unknown error")
+        message = f"NVRM: Xid (PCI:{domain:04x}:{bus:02x}:{dev:02x}): {int(xid)}, {who}, {body}"
+        self.kernel_message(message, prio=4)
+        return message
 
     def set_context_overhead(self, mib: int) -> None:
         """Device memory each live context costs beyond what its process is charged (9 MiB default)."""

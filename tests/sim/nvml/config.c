@@ -82,6 +82,42 @@ static void set_gpu_key(sim_config_t *cfg, unsigned idx, const char *key, const 
         g->recovery_action = (unsigned)parse_ull(val);
     else if (strcmp(key, "lost") == 0)
         g->lost = parse_bool(val);
+    else if (strcmp(key, "features") == 0) {
+        g->features = 0;
+        if (strstr(val, "ecc"))
+            g->features |= SIM_FEAT_ECC;
+        if (strstr(val, "remap"))
+            g->features |= SIM_FEAT_REMAP;
+        if (strstr(val, "retired"))
+            g->features |= SIM_FEAT_RETIRED;
+        if (strstr(val, "fabric"))
+            g->features |= SIM_FEAT_FABRIC;
+        if (strstr(val, "mig"))
+            g->features |= SIM_FEAT_MIG;
+    } else if (strcmp(key, "persistence") == 0)
+        g->persistence = parse_bool(val);
+    else if (strcmp(key, "mig_pending") == 0)
+        g->mig_pending = (unsigned)parse_ull(val);
+    else if (strcmp(key, "remap_correctable") == 0)
+        g->remap_corr = (unsigned)parse_ull(val);
+    else if (strcmp(key, "remap_uncorrectable") == 0)
+        g->remap_unc = (unsigned)parse_ull(val);
+    else if (strcmp(key, "remap_pending") == 0)
+        g->remap_pending = parse_bool(val);
+    else if (strcmp(key, "remap_failure") == 0)
+        g->remap_failure = parse_bool(val);
+    else if (strcmp(key, "retired_sbe") == 0)
+        g->retired_sbe = (unsigned)parse_ull(val);
+    else if (strcmp(key, "retired_dbe") == 0)
+        g->retired_dbe = (unsigned)parse_ull(val);
+    else if (strcmp(key, "retired_pending") == 0)
+        g->retired_pending = parse_bool(val);
+    else if (strcmp(key, "ecc_volatile_uncorrected") == 0)
+        g->ecc_volatile_unc = parse_ull(val);
+    else if (strcmp(key, "fabric_state") == 0)
+        g->fabric_state = (unsigned)parse_ull(val);
+    else if (strcmp(key, "fabric_status") == 0)
+        g->fabric_status = (unsigned)parse_ull(val);
     else if (strcmp(key, "pci_device_id") == 0)
         g->pci_device_id = (unsigned)parse_ull(val);
     else if (strcmp(key, "pci_subsystem_id") == 0)
@@ -206,6 +242,13 @@ int sim_config_load(const char *state_dir, sim_config_t *cfg)
     close(fd);
 
     memset(cfg, 0, sizeof *cfg);
+    for (unsigned i = 0; i < SIM_MAX_GPUS; i++) {
+        /* A node.conf written before the health keys existed describes an HGX H200. */
+        cfg->gpus[i].features = SIM_FEAT_ECC | SIM_FEAT_REMAP | SIM_FEAT_FABRIC | SIM_FEAT_MIG;
+        cfg->gpus[i].persistence = 1;
+        cfg->gpus[i].mig_pending = (unsigned)-1;
+        cfg->gpus[i].fabric_state = NVML_GPU_FABRIC_STATE_COMPLETED;
+    }
     cfg->process_api = 3;
     cfg->cuda_driver_version = 13000;
     for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {

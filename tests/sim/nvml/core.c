@@ -321,6 +321,31 @@ static nvmlReturn_t do_init(unsigned int flags)
     return sim_leave(NVML_SUCCESS);
 }
 
+/* The real library ties its initialisation to the process: in a child forked after nvmlInit every
+ * call answers NVML_ERROR_UNINITIALIZED until the child calls nvmlInit itself (seen on an H200,
+ * driver 580.159.04: tests/gpu/nvml_raw.py --time). So a helper process must initialise NVML on its
+ * own. The lock is taken around fork() so that the child never inherits it held. */
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&sim_mutex);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&sim_mutex);
+}
+
+static void atfork_child(void)
+{
+    sim_refcount = 0;
+    pthread_mutex_unlock(&sim_mutex);
+}
+
+__attribute__((constructor)) static void register_atfork(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
 nvmlReturn_t nvmlInit_v2(void)
 {
     return do_init(0);

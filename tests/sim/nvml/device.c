@@ -265,44 +265,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     return sim_leave(NVML_SUCCESS);
 }
 
-/* ------------------------------------------------------------------- modes */
-
-nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
-{
-    const sim_gpu_t *g;
-    nvmlReturn_t rc = sim_enter_dev(__func__, device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    if (!currentMode || !pendingMode)
-        return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
-    *currentMode = g->mig_mode;
-    *pendingMode = g->mig_mode;
-    return sim_leave(NVML_SUCCESS);
-}
-
-nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
-{
-    const sim_gpu_t *g;
-    nvmlReturn_t rc = sim_enter_dev(__func__, device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    if (!mode)
-        return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
-    *mode = NVML_COMPUTEMODE_DEFAULT;
-    return sim_leave(NVML_SUCCESS);
-}
-
-nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode)
-{
-    const sim_gpu_t *g;
-    nvmlReturn_t rc = sim_enter_dev(__func__, device, &g);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    if (!mode)
-        return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
-    *mode = NVML_FEATURE_ENABLED;
-    return sim_leave(NVML_SUCCESS);
-}
+/* The modes (compute, MIG, persistence) are in health.c. */
 
 /* ------------------------------------------------------------ field values */
 

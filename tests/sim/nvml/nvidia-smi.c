@@ -7,6 +7,7 @@
  *   nvidia-smi -L                       "GPU 0: NVIDIA H200 (UUID: GPU-...)"
  *   nvidia-smi --query-gpu=F,... --format=csv[,noheader][,nounits] [-i LIST]
  *   nvidia-smi --query-compute-apps=F,... --format=csv[,noheader][,nounits]
+ *   nvidia-smi -q [-i LIST]             the health-related parts of the full report, in its layout
  *
  * Exit status follows the real tool, which returns the NVML error code:
  * 0 ok, 2 bad arguments, 9 driver not loaded, 12 library not found,
@@ -47,7 +48,14 @@
     X(nvmlDeviceGetMigMode)                                                                                  \
     X(nvmlDeviceGetComputeRunningProcesses)                                                                  \
     X(nvmlDeviceGetComputeRunningProcesses_v2)                                                               \
-    X(nvmlDeviceGetComputeRunningProcesses_v3)
+    X(nvmlDeviceGetComputeRunningProcesses_v3)                                                               \
+    X(nvmlDeviceGetEccMode)                                                                                  \
+    X(nvmlDeviceGetTotalEccErrors)                                                                           \
+    X(nvmlDeviceGetRetiredPages)                                                                             \
+    X(nvmlDeviceGetRetiredPagesPendingStatus)                                                                \
+    X(nvmlDeviceGetRemappedRows)                                                                             \
+    X(nvmlDeviceGetGpuFabricInfoV)                                                                           \
+    X(nvmlDeviceGetFieldValues)
 
 #define DECLARE(f) static __typeof__(&f) p_##f;
 NVML_FUNCS(DECLARE)
@@ -488,16 +496,180 @@ static void table(void)
     printf("+-----------------------------------------------------------------------------------------+\n");
 }
 
+/* ------------------------------------------------------------ -q report */
+
+/* "key : value" with the colon in column 55, as the real report (driver 580) aligns it at every depth. */
+#define Q_COLON 55
+static void q_line(int depth, const char *key, const char *value)
+{
+    int indent = 4 * depth;
+    printf("%*s%-*s: %s\n", indent, "", Q_COLON - indent, key, value);
+}
+
+static void q_section(int depth, const char *title)
+{
+    printf("%*s%s\n", 4 * depth, "", title);
+}
+
+static const char *enabled(nvmlEnableState_t s)
+{
+    return s == NVML_FEATURE_ENABLED ? "Enabled" : "Disabled";
+}
+
+static const char *yes_no(unsigned v)
+{
+    return v ? "Yes" : "No";
+}
+
+/* The sections the health verdict reads, in the order and wording of the real `nvidia-smi -q`
+ * (driver 580); anything the library does not support prints N/A, as the real tool does. */
+static void query_report(void)
+{
+    char stamp[64], buf[128];
+    time_t now = time(NULL);
+    int cuda = 0;
+    strftime(stamp, sizeof stamp, "%a %b %e %H:%M:%S %Y", localtime(&now));
+    p_nvmlSystemGetCudaDriverVersion_v2(&cuda);
+    printf("\n==============NVSMI LOG==============\n\n");
+    printf("%-*s: %s\n", Q_COLON, "Timestamp", stamp);
+    printf("%-*s: %s\n", Q_COLON, "Driver Version", driver_version);
+    printf("%-*s: %d.%d\n\n", Q_COLON, "CUDA Version", cuda / 1000, (cuda % 1000) / 10);
+    printf("%-*s: %u\n", Q_COLON, "Attached GPUs", device_count);
+    for (unsigned k = 0; k < ngpus; k++) {
+        const gpu_t *g = &gpus[k];
+        nvmlEnableState_t cur, pend;
+        unsigned a, b, c, d, count;
+        unsigned long long n;
+        nvmlComputeMode_t mode;
+        if (g->rc != NVML_SUCCESS) {
+            lost_message(g);
+            continue;
+        }
+        printf("GPU %s\n", g->bus_id);
+        q_line(1, "Product Name", g->name);
+        q_line(1, "Persistence Mode", p_nvmlDeviceGetPersistenceMode(g->dev, &cur) == NVML_SUCCESS ? enabled(cur) : "N/A");
+        q_section(1, "MIG Mode");
+        if (p_nvmlDeviceGetMigMode(g->dev, &a, &b) == NVML_SUCCESS) {
+            q_line(2, "Current", a ? "Enabled" : "Disabled");
+            q_line(2, "Pending", b ? "Enabled" : "Disabled");
+        } else {
+            q_line(2, "Current", "N/A");
+            q_line(2, "Pending", "N/A");
+        }
+        q_line(1, "GPU UUID", g->uuid);
+        q_section(1, "ECC Mode");
+        if (p_nvmlDeviceGetEccMode && p_nvmlDeviceGetEccMode(g->dev, &cur, &pend) == NVML_SUCCESS) {
+            q_line(2, "Current", enabled(cur));
+            q_line(2, "Pending", enabled(pend));
+        } else {
+            q_line(2, "Current", "N/A");
+            q_line(2, "Pending", "N/A");
+        }
+        q_section(1, "ECC Errors");
+        q_section(2, "Volatile");
+        /* The real report splits SRAM and DRAM; the simulated library keeps one total, shown as DRAM. */
+        q_line(3, "SRAM Correctable", "N/A");
+        q_line(3, "SRAM Uncorrectable Parity", "N/A");
+        q_line(3, "SRAM Uncorrectable SEC-DED", "N/A");
+        if (p_nvmlDeviceGetTotalEccErrors &&
+            p_nvmlDeviceGetTotalEccErrors(g->dev, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, &n) == NVML_SUCCESS)
+            snprintf(buf, sizeof buf, "%llu", n);
+        else
+            snprintf(buf, sizeof buf, "N/A");
+        q_line(3, "DRAM Correctable", buf);
+        if (p_nvmlDeviceGetTotalEccErrors &&
+            p_nvmlDeviceGetTotalEccErrors(g->dev, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &n) == NVML_SUCCESS)
+            snprintf(buf, sizeof buf, "%llu", n);
+        else
+            snprintf(buf, sizeof buf, "N/A");
+        q_line(3, "DRAM Uncorrectable", buf);
+        q_section(1, "Retired Pages");
+        count = 0;
+        if (p_nvmlDeviceGetRetiredPages &&
+            p_nvmlDeviceGetRetiredPages(g->dev, NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, &count, NULL) == NVML_SUCCESS) {
+            snprintf(buf, sizeof buf, "%u", count);
+            q_line(2, "Single Bit ECC", buf);
+            count = 0;
+            p_nvmlDeviceGetRetiredPages(g->dev, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, &count, NULL);
+            snprintf(buf, sizeof buf, "%u", count);
+            q_line(2, "Double Bit ECC", buf);
+        } else {
+            q_line(2, "Single Bit ECC", "N/A");
+            q_line(2, "Double Bit ECC", "N/A");
+        }
+        if (p_nvmlDeviceGetRetiredPagesPendingStatus && p_nvmlDeviceGetRetiredPagesPendingStatus(g->dev, &cur) == NVML_SUCCESS)
+            q_line(2, "Pending Page Blacklist", yes_no(cur == NVML_FEATURE_ENABLED));
+        else
+            q_line(2, "Pending Page Blacklist", "N/A");
+        q_section(1, "Remapped Rows");
+        if (p_nvmlDeviceGetRemappedRows && p_nvmlDeviceGetRemappedRows(g->dev, &a, &b, &c, &d) == NVML_SUCCESS) {
+            snprintf(buf, sizeof buf, "%u", a);
+            q_line(2, "Correctable Error", buf);
+            q_line(2, "Inactive Correctable Error", "0");
+            snprintf(buf, sizeof buf, "%u", b);
+            q_line(2, "Uncorrectable Error", buf);
+            q_line(2, "Inactive Uncorrectable Error", "0");
+            q_line(2, "Pending", yes_no(c));
+            q_line(2, "Remapping Failure Occurred", yes_no(d));
+        } else {
+            q_line(2, "Correctable Error", "N/A");
+            q_line(2, "Inactive Correctable Error", "N/A");
+            q_line(2, "Uncorrectable Error", "N/A");
+            q_line(2, "Inactive Uncorrectable Error", "N/A");
+            q_line(2, "Pending", "N/A");
+            q_line(2, "Remapping Failure Occurred", "N/A");
+        }
+        q_section(1, "Fabric");
+        {
+            nvmlGpuFabricInfoV_t fi;
+            memset(&fi, 0, sizeof fi);
+            fi.version = nvmlGpuFabricInfo_v3;
+            if (p_nvmlDeviceGetGpuFabricInfoV && p_nvmlDeviceGetGpuFabricInfoV(g->dev, &fi) == NVML_SUCCESS &&
+                fi.state != NVML_GPU_FABRIC_STATE_NOT_SUPPORTED) {
+                static const char *states[] = {"N/A", "Not Started", "In Progress", "Completed"};
+                q_line(2, "State", fi.state < 4 ? states[fi.state] : "Unknown");
+                q_line(2, "Status", fi.state != NVML_GPU_FABRIC_STATE_COMPLETED ? "N/A"
+                                    : fi.status == NVML_SUCCESS                ? "Success"
+                                                                               : p_nvmlErrorString(fi.status));
+            } else {
+                q_line(2, "State", "N/A");
+                q_line(2, "Status", "N/A");
+            }
+        }
+        mode = NVML_COMPUTEMODE_DEFAULT;
+        if (p_nvmlDeviceGetComputeMode(g->dev, &mode) == NVML_SUCCESS)
+            q_line(1, "Compute Mode", mode == NVML_COMPUTEMODE_PROHIBITED          ? "Prohibited"
+                                      : mode == NVML_COMPUTEMODE_EXCLUSIVE_PROCESS ? "Exclusive_Process"
+                                                                                   : "Default");
+        else
+            q_line(1, "Compute Mode", "N/A");
+        {
+            nvmlFieldValue_t fv;
+            memset(&fv, 0, sizeof fv);
+            fv.fieldId = NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
+            if (p_nvmlDeviceGetFieldValues && p_nvmlDeviceGetFieldValues(g->dev, 1, &fv) == NVML_SUCCESS &&
+                fv.nvmlReturn == NVML_SUCCESS) {
+                static const char *actions[] = {"None", "Reset", "Reboot", "Drain P2P", "Drain and Reset"};
+                unsigned v = fv.value.uiVal;
+                q_line(1, "GPU Recovery Action", v < 5 ? actions[v] : "Unknown");
+            } else {
+                q_line(1, "GPU Recovery Action", "N/A");
+            }
+        }
+        printf("\n");
+    }
+}
+
 static void usage(void)
 {
     printf("NVIDIA System Management Interface -- gpusim look-alike\n\n"
-           "    nvidia-smi [-i LIST] [-L | --query-gpu=... | --query-compute-apps=...] [--format=csv[,noheader][,nounits]]\n");
+           "    nvidia-smi [-i LIST] [-L | -q | --query-gpu=... | --query-compute-apps=...] [--format=csv[,noheader][,nounits]]\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *query_gpu_list = NULL, *query_apps_list = NULL, *format = NULL, *ids = NULL;
-    int list = 0, rc;
+    int list = 0, query = 0, rc;
     fmt_t fmt;
     nvmlReturn_t nrc;
 
@@ -505,6 +677,8 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (strcmp(a, "-L") == 0 || strcmp(a, "--list-gpus") == 0)
             list = 1;
+        else if (strcmp(a, "-q") == 0 || strcmp(a, "--query") == 0)
+            query = 1;
         else if (strncmp(a, "--query-gpu=", 12) == 0)
             query_gpu_list = a + 12;
         else if (strncmp(a, "--query-compute-apps=", 21) == 0)
@@ -558,6 +732,8 @@ int main(int argc, char **argv)
             rc = query_apps(query_apps_list, &fmt);
         else if (list)
             list_gpus();
+        else if (query)
+            query_report();
         else
             table();
     }

@@ -43,7 +43,23 @@ typedef struct sim_gpu {
     int lost;
     int timeout; /* this GPU is selected by the timeout fault */
     int hang;    /* this GPU is selected by the hang fault */
+    /* Health (issue 12): what the GPU supports, as its model does (features), and its state. */
+    unsigned features; /* SIM_FEAT_* */
+    unsigned persistence;
+    unsigned mig_pending;
+    unsigned remap_corr, remap_unc, remap_pending, remap_failure;
+    unsigned retired_sbe, retired_dbe, retired_pending;
+    unsigned long long ecc_volatile_unc;
+    unsigned fabric_state;  /* nvmlGpuFabricState_t */
+    unsigned fabric_status; /* nvmlReturn_t of the fabric setup */
 } sim_gpu_t;
+
+/* What a GPU model answers (the rest is NVML_ERROR_NOT_SUPPORTED, as on the real one). */
+#define SIM_FEAT_ECC 1u     /* ECC counters (data-centre GPUs) */
+#define SIM_FEAT_REMAP 2u   /* row remapping (Ampere and later data-centre GPUs) */
+#define SIM_FEAT_RETIRED 4u /* dynamic page retirement (Kepler to Volta data-centre GPUs) */
+#define SIM_FEAT_FABRIC 8u  /* NVLink fabric state (Hopper and later) */
+#define SIM_FEAT_MIG 16u    /* MIG (A100, H100, H200, ...) */
 
 /* The whole node description (node.conf). */
 typedef struct sim_config {

@@ -30,6 +30,9 @@ IMPLEMENTED = {
     "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2",
     "nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetRunningProcessDetailList",
     "nvmlDeviceGetFieldValues", "nvmlDeviceGetMigMode", "nvmlDeviceGetComputeMode", "nvmlDeviceGetPersistenceMode",
+    # Health (issue 12, nvml/health.c).
+    "nvmlDeviceSetComputeMode", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRetiredPages", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",
 }  # fmt: skip
 
 
@@ -180,6 +183,31 @@ def test_uninitialized_and_reference_counted_init(node, nvml) -> None:
     assert res["last"] == 0
     assert res["after"] == [1, 1]
     assert res["fds_closed"] == []
+
+
+def test_a_forked_child_must_initialise_nvml_itself(node, nvml) -> None:
+    """As the real library (H200, driver 580): the parent's nvmlInit does not carry over a fork."""
+    res = nvml(
+        node,
+        """
+        L = lib(); c = ctypes.c_uint()
+        L.nvmlInit_v2()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            first = L.nvmlDeviceGetCount_v2(ctypes.byref(c))
+            init = L.nvmlInit_v2()
+            second = L.nvmlDeviceGetCount_v2(ctypes.byref(c))
+            os.write(w, json.dumps([first, init, second, c.value]).encode())
+            os._exit(0)
+        os.close(w)
+        child = json.loads(os.read(r, 1000))
+        os.waitpid(pid, 0)
+        result = {"child": child, "parent": [L.nvmlDeviceGetCount_v2(ctypes.byref(c)), c.value]}
+    """,
+    )
+    assert res["child"] == [1, 0, 0, 8]  # UNINITIALIZED, then its own init works
+    assert res["parent"] == [0, 8]  # the parent's stays initialised
 
 
 def test_null_pointers_are_invalid_arguments(node, nvml) -> None:

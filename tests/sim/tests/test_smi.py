@@ -94,3 +94,30 @@ def test_a_call_loads_the_library_and_exits(node) -> None:
     r = smi(node, QUERY, "--format=csv,noheader")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 8
     assert smi(node, QUERY, "--format=csv,noheader", env={"LD_LIBRARY_PATH": ""}).returncode == 12
+
+
+def test_query_report_the_health_sections_in_the_real_layout(node) -> None:
+    """nvidia-smi -q: the sections the health verdict reads, worded and aligned as driver 580 prints them
+    (colon in column 55 at every depth; tests/gpu/health_compare.py parses the real and this one alike)."""
+    node.set_mig([1], enabled=True)
+    node.set_fault(recovery_action={2: 2})
+    r = smi(node, "-q", "-i", "0,1,2")
+    assert r.returncode == 0, r.stdout
+    lines = r.stdout.splitlines()
+    assert "==============NVSMI LOG==============" in lines
+    blocks = r.stdout.split("\nGPU ")[1:]
+    assert [b.splitlines()[0] for b in blocks] == [node.gpus[i].pci_bus_id for i in range(3)]
+    for line in lines:
+        if " : " in line or line.endswith(": "):
+            assert line.index(": ") == 55, line
+    gpu0, gpu1, gpu2 = blocks
+    for section in ("MIG Mode", "ECC Errors", "Retired Pages", "Remapped Rows", "Fabric"):
+        assert f"\n    {section}\n" in gpu0
+    assert "    Persistence Mode" in gpu0 and "Enabled" in gpu0.split("Persistence Mode", 1)[1].splitlines()[0]
+    assert "Current" in gpu0 and gpu0.split("MIG Mode", 1)[1].splitlines()[1].endswith(": Disabled")
+    assert gpu1.split("MIG Mode", 1)[1].splitlines()[1].endswith(": Enabled")
+    assert gpu0.split("Compute Mode", 1)[1].splitlines()[0].endswith(": Default")
+    assert gpu0.split("GPU Recovery Action", 1)[1].splitlines()[0].endswith(": None")
+    assert gpu2.split("GPU Recovery Action", 1)[1].splitlines()[0].endswith(": Reboot")
+    # What the simulated library does not model reads N/A, as on a GPU without the feature.
+    assert gpu0.split("Single Bit ECC", 1)[1].splitlines()[0].endswith(": N/A")

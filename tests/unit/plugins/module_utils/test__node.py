@@ -124,3 +124,12 @@ def test_a_reading_counts_only_when_it_read_the_gpus() -> None:
     assert not _node.read_ok({"clean": False, "gpus": [], "reason": "driver_not_loaded"})
     assert not _node.read_ok({"clean": False, "gpus": [], "diagnosis": "library_not_found"})
     assert not _node.read_ok({})
+
+
+def test_the_restore_phase_runs_only_when_it_declares_something() -> None:
+    assert _node.selected_phases(Host({}).params) == ["preflight", "kill", "residue", "verify"]
+    assert _node.selected_phases(Host({"restore": {"mps": "stopped"}}).params) == ["preflight", "kill", "residue", "restore", "verify"]
+    assert _node.selected_phases(Host({"phases": ["restore", "verify"], "restore": {"compute_mode": "default"}}).params) == ["restore", "verify"]
+    with pytest.raises(CleanSlateError) as err:
+        _node.run(Host({"phases": ["restore"], "restore": {"compute_mode": "sometimes"}}))
+    assert err.value.reason == "bad_arguments" and err.value.details["phase"] == "restore"

@@ -27,9 +27,10 @@ CONSTANTS = {name: value for name, value in vars(_reasons).items() if name.isupp
 VALUES = set(CONSTANTS.values())
 MODULE_REASONS = {r for reasons in _reasons.MODULES.values() for r in reasons}
 # Reason values that are ordinary words elsewhere too: an option and a command (timeout), a result key (clean),
-# a process outcome (unkillable). They may appear as text; where a reason is given or compared they are checked
-# like every other reason.
-ALSO_WORDS = {"timeout", "clean", "unkillable"}
+# a process outcome (unkillable), an NVLink fabric state (not_supported, NVML_GPU_FABRIC_STATE_NOT_SUPPORTED), a
+# service's state (not_running: nvidia-fabricmanager in the health verdict). They may appear as text; where a reason
+# is given or compared they are checked like every other reason.
+ALSO_WORDS = {"timeout", "clean", "unkillable", "not_supported", "not_running"}
 
 
 def parsed(path: Path) -> ast.Module:
@@ -146,7 +147,7 @@ def role_reasons() -> set[str]:
         expr = re.sub(r"(?:==|!=)\s*'\w+'|'\w+'\s*(?:==|!=)|\bin\s*\[[^\]]*\]", "", expr)
         found |= set(re.findall(r"'(\w+)'", expr))
     # The result is built in Python (plugin_utils/_result.py): its own reasons are its constants.
-    found |= {_result.UNREACHABLE, _result.NOT_VERIFIED, _result.TOO_FEW_GPUS}
+    found |= {_result.UNREACHABLE, _result.NOT_VERIFIED, _result.TOO_FEW_GPUS, _result.UNHEALTHY}
     return found
 
 

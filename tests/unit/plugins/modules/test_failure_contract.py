@@ -12,16 +12,23 @@ import math
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _nvml, _pct, _reasons, _residue, _signals, _verify
-from ansible_collections.gpuops.clean_slate.plugins.modules import gpu_job_residue, gpu_mem_verify, gpu_procs_kill, pct_exec
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _nvml, _pct, _reasons, _residue, _restore, _signals, _verify
+from ansible_collections.gpuops.clean_slate.plugins.modules import gpu_job_residue, gpu_mem_verify, gpu_mode_restore, gpu_procs_kill, pct_exec
 
-MODULES = {"gpu_procs_kill": gpu_procs_kill, "gpu_mem_verify": gpu_mem_verify, "gpu_job_residue": gpu_job_residue, "pct_exec": pct_exec}
+MODULES = {
+    "gpu_procs_kill": gpu_procs_kill,
+    "gpu_mem_verify": gpu_mem_verify,
+    "gpu_job_residue": gpu_job_residue,
+    "pct_exec": pct_exec,
+    "gpu_mode_restore": gpu_mode_restore,
+}
 # Arguments that pass Ansible's own checks, so that the failure comes from where the test puts it.
 VALID = {
     "gpu_procs_kill": {"patterns": ["no-such-process-here"]},
     "gpu_mem_verify": {},
     "gpu_job_residue": {},
     "pct_exec": {"vmid": 129, "argv": ["true"]},
+    "gpu_mode_restore": {"compute_mode": "default"},
 }
 # What each module's failures always carry besides reason and msg.
 DETAILS = {
@@ -29,6 +36,7 @@ DETAILS = {
     "gpu_mem_verify": {"clean", "gpus", "python", "diagnosis"},
     "gpu_job_residue": {"summary", "elapsed_s"},
     "pct_exec": {"vmid"},
+    "gpu_mode_restore": set(),
 }
 # Where each module's logic starts: a bug there must come back as internal_error.
 LOGIC = {
@@ -36,6 +44,7 @@ LOGIC = {
     "gpu_mem_verify": (_verify, "validate"),
     "gpu_job_residue": (_residue, "build_request"),
     "pct_exec": (_pct, "validate_vmid"),
+    "gpu_mode_restore": (_restore, "validate"),
 }
 
 
@@ -78,6 +87,9 @@ def test_a_bug_is_an_internal_error_with_the_modules_details(name: str, capsys, 
         ("gpu_procs_kill", {"containers": [42]}, "containers"),
         ("gpu_mem_verify", {"interval": math.inf}, "interval"),
         ("gpu_mem_verify", {"gpus": ["-1"]}, "gpus"),
+        ("gpu_mem_verify", {"since": "after lunch"}, "since"),
+        ("gpu_mode_restore", {"gpus": ["nvidia-zero"]}, "gpus"),
+        ("gpu_mode_restore", {"mps_timeout": math.nan}, "mps_timeout"),
         ("gpu_job_residue", {"time_wait_timeout": math.nan}, "time_wait_timeout"),
         ("gpu_job_residue", {"list_limit": -1}, "list_limit"),
         ("gpu_job_residue", {"containers": [129], "pct_path": "/nonexistent/pct"}, "pct_path"),
@@ -93,7 +105,9 @@ def test_a_refused_option_is_named(name: str, args: dict, option: str, capsys) -
     assert result["option"] == option and result["msg"].startswith(option)
 
 
-@pytest.mark.parametrize(("name", "where", "flag"), [("gpu_mem_verify", _nvml, "HAS_PYNVML"), ("gpu_procs_kill", _signals, "HAS_PSUTIL")])
+@pytest.mark.parametrize(
+    ("name", "where", "flag"), [("gpu_mem_verify", _nvml, "HAS_PYNVML"), ("gpu_procs_kill", _signals, "HAS_PSUTIL"), ("gpu_mode_restore", _nvml, "HAS_PYNVML")]
+)
 def test_a_missing_library_is_missing_library(name: str, where, flag: str, capsys, monkeypatch) -> None:
     monkeypatch.setattr(where, flag, False)
     code, result = run_main(name, VALID[name], capsys)

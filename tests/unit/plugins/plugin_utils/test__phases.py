@@ -6,7 +6,7 @@ import pytest
 
 from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _phases
 
-ALL = ["preflight", "kill", "residue", "verify"]
+ALL = ["preflight", "kill", "residue", "restore", "verify"]
 
 
 @pytest.mark.parametrize(
@@ -19,13 +19,14 @@ ALL = ["preflight", "kill", "residue", "verify"]
         # The kill needs the reading: its tag selects the preflight too.
         (set(), ["clean_slate_kill"], [], ["preflight", "kill"]),
         (set(), ["clean_slate_kill"], ["clean_slate_preflight"], ["kill"]),
-        (set(), ["all"], ["clean_slate_residue"], ["preflight", "kill", "verify"]),
+        (set(), ["all"], ["clean_slate_residue"], ["preflight", "kill", "restore", "verify"]),
         (set(), ["clean_slate_residue", "clean_slate_verify"], [], ["residue", "verify"]),
         # A run for other tags selects nothing (the task runs only because it is tagged always).
         (set(), ["nginx"], [], []),
         # ... unless the task inherits that tag (an include's apply, a role's tags).
         ({"deploy"}, ["deploy"], [], ALL),
-        ({"deploy"}, ["deploy"], ["clean_slate_residue"], ["preflight", "kill", "verify"]),
+        ({"deploy"}, ["deploy"], ["clean_slate_residue"], ["preflight", "kill", "restore", "verify"]),
+        (set(), ["clean_slate_restore"], [], ["restore"]),
         ({"deploy"}, ["clean_slate_verify"], [], ["verify"]),
         (set(), ["tagged"], [], ALL),
         (set(), ["all"], ["all"], []),

@@ -1,0 +1,592 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""A health verdict per GPU: free memory is not a healthy GPU.
+
+After a crash the next job can land on a GPU that needs a reset, a reboot or an
+RMA, or on one the last job left in exclusive compute mode with an MPS daemon
+running. Three kinds of evidence are read, all cheap (tens of microseconds per
+GPU from NVML; one read of the kernel log per run):
+
+* :func:`read_gpu`: the NVML readings of one GPU (recovery action, row remaps,
+  retired pages, volatile ECC, fabric state, compute/MIG/persistence modes),
+  ``None`` where the GPU or driver does not support one: never guessed. It is a
+  plain function of a device handle so that it runs wherever the per-GPU
+  snapshot is taken (inside the deadline helper of the hang-proof probes);
+* :func:`read_xids`: Xid lines from the kernel log (``/dev/kmsg``, else
+  ``journalctl -k``), since a given time, each mapped to the resolution bucket
+  of NVIDIA's Xid catalog;
+* :func:`host_findings`: an MPS control daemon left behind, and whether
+  ``nvidia-fabricmanager`` runs where the GPUs have a fabric to bring up.
+
+:func:`judge_gpu` and :func:`judge_host` turn them into a verdict, pure and
+unit-tested: ``ok < restart_app < reset_gpu < reboot < drain``, each finding with
+a sentence of evidence saying what to do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import errno
+import os
+import re
+import shutil
+import stat
+import time
+import typing as t
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons
+
+try:
+    import pynvml
+
+    HAS_PYNVML = True
+except ImportError:  # pragma: no cover - depends on the target host
+    HAS_PYNVML = False
+
+# ---------------------------------------------------------------------- verdicts
+OK = "ok"
+RESTART_APP = "restart_app"
+RESET_GPU = "reset_gpu"
+REBOOT = "reboot"
+DRAIN = "drain"
+#: Worst last: the host's verdict is the worst of its GPUs' and its own findings.
+VERDICTS = (OK, RESTART_APP, RESET_GPU, REBOOT, DRAIN)
+#: ``fail_on`` also accepts this: report, never fail.
+NEVER = "never"
+FAIL_ON_CHOICES = (*VERDICTS, NEVER)
+
+ADVICE = {
+    RESTART_APP: "the GPU works; restart the application (or restore the settings the last job left with gpuops.clean_slate.gpu_mode_restore).",
+    RESET_GPU: (
+        "drain the GPU and reset it before the next job: stop its management daemons (nvidia-persistenced, nv-hostengine,"
+        " dcgm-exporter, and on NVSwitch systems nvidia-fabricmanager) and run nvidia-smi -r -i <index>, or reboot the node."
+    ),
+    REBOOT: "drain the node and reboot it (a GPU reset cannot recover this).",
+    DRAIN: "drain the node and keep it out of service: the GPU needs NVIDIA's field diagnosis (and likely an RMA), or its peers' P2P traffic must stop first.",
+}
+
+
+def rank(verdict: str) -> int:
+    """The verdict's place in ``VERDICTS`` (``never`` ranks above every verdict)."""
+    return len(VERDICTS) if verdict == NEVER else VERDICTS.index(verdict)
+
+
+def worst(verdicts: t.Iterable[str]) -> str:
+    """The worst of ``verdicts`` (``ok`` for none)."""
+    out = OK
+    for v in verdicts:
+        if rank(v) > rank(out):
+            out = v
+    return out
+
+
+def fails(verdict: str, fail_on: str) -> bool:
+    """Whether ``verdict`` is at or above the ``fail_on`` threshold (``never`` never fails)."""
+    return fail_on != NEVER and rank(verdict) >= rank(fail_on)
+
+
+# ---------------------------------------------------------------------- Xid catalog
+# NVIDIA's Xid catalog gives each Xid a "resolution bucket", the immediate action
+# (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html; the buckets RESTART_APP,
+# RESET_GPU, RESTART_BM (reboot the bare-metal node), CONTACT_SUPPORT / CHECK_MECHANICALS (service: drain)
+# and IGNORE). The Xids below are those the catalog, the k8s device plugin (NVIDIA/k8s-device-plugin#1340:
+# 13, 31, 43, 45, 68, 109 are application-level) and gpud (leptonai/gpud PR#80: 63 needs a reset, 64 an RMA)
+# agree on; an Xid not listed here is not guessed harmless: it counts as RESET_GPU, and says so.
+XID_BUCKETS: dict[int, str] = {
+    # Application errors: the GPU is fine once the application is gone.
+    8: "RESTART_APP",  # GPU stopped processing (channel timeout)
+    13: "RESTART_APP",  # graphics engine exception (an illegal access in a kernel)
+    31: "RESTART_APP",  # GPU memory page fault
+    32: "RESTART_APP",  # invalid or corrupted push buffer stream
+    43: "RESTART_APP",  # GPU stopped processing (the channel was reset)
+    45: "RESTART_APP",  # preemptive cleanup: the driver ended the channels of a process that ended
+    68: "RESTART_APP",  # NVDEC0 exception
+    69: "RESTART_APP",  # graphics engine class error
+    94: "RESTART_APP",  # contained ECC error: only the application that touched the memory was ended
+    109: "RESTART_APP",  # context switch timeout
+    # Informational: corrected errors.
+    92: "IGNORE",  # high single-bit ECC error rate (corrected)
+    # The GPU needs a reset.
+    38: "RESET_GPU",  # driver firmware error
+    44: "RESET_GPU",  # graphics engine fault during context switch
+    48: "RESET_GPU",  # double-bit ECC error: drain, reset (next-start-facts §4)
+    57: "RESET_GPU",  # error programming video memory interface
+    61: "RESET_GPU",  # internal micro-controller breakpoint/warning
+    62: "RESET_GPU",  # internal micro-controller halt
+    63: "RESET_GPU",  # row remapping pending: takes effect at the next GPU reset
+    74: "RESET_GPU",  # NVLink error
+    95: "RESET_GPU",  # uncontained ECC error
+    119: "RESET_GPU",  # GSP RPC timeout
+    120: "RESET_GPU",  # GSP error
+    121: "RESET_GPU",  # C2C link corrected error
+    140: "RESET_GPU",  # unrecovered ECC error
+    143: "RESET_GPU",  # GPU initialisation failure
+    144: "RESET_GPU",  # NVLink SAW error
+    145: "RESET_GPU",  # NVLink RLW error
+    146: "RESET_GPU",  # NVLink TLW error
+    147: "RESET_GPU",  # NVLink TREX error
+    148: "RESET_GPU",  # NVLink NVLPW_CTRL error
+    149: "RESET_GPU",  # NVLink NETIR error
+    150: "RESET_GPU",  # NVLink MSE error
+    # The node must be rebooted.
+    79: "RESTART_BM",  # GPU has fallen off the bus
+    # Service: field diagnosis, likely an RMA.
+    64: "CONTACT_SUPPORT",  # row remapping failure
+    # 154 carries the new recovery action in its text; see xid_bucket().
+}
+BUCKET_VERDICTS = {
+    "IGNORE": OK,
+    "RESTART_APP": RESTART_APP,
+    "RESET_GPU": RESET_GPU,
+    "RESTART_BM": REBOOT,
+    "CONTACT_SUPPORT": DRAIN,
+    "DRAIN_P2P": DRAIN,
+    "UNKNOWN": RESET_GPU,
+}
+
+# Xid 154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)".
+_XID154_TO = re.compile(r"to\s+0x([0-9a-fA-F]+)")
+# NVML's recovery actions (nvmlDeviceGpuRecoveryAction_t) and the verdict each one means.
+RECOVERY_VERDICTS = {
+    "none": OK,
+    "gpu_reset": RESET_GPU,
+    "node_reboot": REBOOT,
+    "drain_p2p": DRAIN,
+    "drain_and_reset": DRAIN,
+    "recover_imex_domain": RESET_GPU,
+    "bus_reset": RESET_GPU,
+    "system_reboot": REBOOT,
+}
+RECOVERY_NAMES = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+_XID154_BUCKETS = {"none": "IGNORE", "gpu_reset": "RESET_GPU", "node_reboot": "RESTART_BM", "drain_p2p": "DRAIN_P2P", "drain_and_reset": "DRAIN_P2P"}
+
+
+def xid_bucket(xid: int, text: str = "") -> str:
+    """The catalog's resolution bucket of an Xid (``UNKNOWN`` for one the table does not list)."""
+    if xid == 154:
+        m = _XID154_TO.search(text)
+        name = RECOVERY_NAMES.get(int(m.group(1), 16)) if m else None
+        return _XID154_BUCKETS.get(name or "", "RESET_GPU")
+    return XID_BUCKETS.get(xid, "UNKNOWN")
+
+
+# ---------------------------------------------------------------------- the kernel log
+# "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.[0-9a-fA-F]+)?\): (\d+),")
+KMSG = "/dev/kmsg"
+
+
+def bus_key(pci_bus_id: str | None) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of ``00000000:18:00.0`` (NVML) or ``0000:18:00`` (an Xid line)."""
+    if not pci_bus_id:
+        return None
+    m = re.match(r"^([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)", pci_bus_id)
+    return (int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16)) if m else None
+
+
+def boot_epoch() -> float:
+    """The wall-clock time of the kernel's clock zero: /dev/kmsg stamps records in microseconds of
+    CLOCK_MONOTONIC (printk's clock), so epoch = boot_epoch() + stamp."""
+    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def parse_kmsg(data: bytes, boot: float, needle: bytes | None = b"NVRM: Xid") -> list[tuple[float, str]]:
+    """(epoch time, message) of each /dev/kmsg record in ``data``: ``prio,seq,usec,flags[,...];message``.
+
+    Only records holding ``needle`` are decoded, found with a byte search (a busy ring buffer holds thousands
+    of other lines; splitting them all costs ten times more); ``None`` decodes every record.
+    Continuation lines (`` KEY=value`` dictionary entries) are skipped.
+    """
+    if needle is None:
+        lines = data.split(b"\n")
+    else:
+        lines = []
+        at = data.find(needle)
+        while at >= 0:
+            start = data.rfind(b"\n", 0, at) + 1
+            end = data.find(b"\n", at)
+            end = len(data) if end < 0 else end
+            lines.append(data[start:end])
+            at = data.find(needle, end)
+    out = []
+    for raw in lines:
+        if not raw or raw[:1] == b" " or b";" not in raw:
+            continue
+        head, _sep, message = raw.partition(b";")
+        fields = head.split(b",")
+        try:
+            stamp = int(fields[2]) / 1e6
+        except (IndexError, ValueError):
+            continue
+        out.append((boot + stamp, message.decode("utf-8", "replace")))
+    return out
+
+
+def read_kmsg(path: str = KMSG, max_bytes: int = 16 * 1024 * 1024) -> bytes | None:
+    """Every record the kernel's ring buffer holds (or the file at ``path`` holds), or None when it cannot be read.
+
+    /dev/kmsg answers one record per read() and EAGAIN at the end (non-blocking), EPIPE when a
+    record was overwritten while reading (skip on); a regular file in its format (the simulator's
+    kernel log, a saved copy) answers b"" at its end. Both are read the same way.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        # /dev/kmsg (a character device) hands out one record per read; a file, as much as asked.
+        records = stat.S_ISCHR(os.fstat(fd).st_mode)
+        size = 8192 if records else 1 << 20
+        while total < max_bytes:
+            try:
+                chunk = os.read(fd, size)
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue
+                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    break
+                return None if not chunks else b"".join(chunks)
+            if not chunk:
+                break
+            if records and not chunk.endswith(b"\n"):
+                chunk += b"\n"  # keep records apart (the kernel ends each with a newline)
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+#: How a command is run: argv -> (rc, stdout, stderr); the module's ``run_command``.
+Run = t.Callable[[t.List[str]], t.Tuple[int, str, str]]
+
+
+def read_journal(since: float, run: Run | None) -> list[tuple[float, str]] | None:
+    """Kernel messages since ``since`` from ``journalctl -k`` (where /dev/kmsg is not readable), or None."""
+    journalctl = shutil.which("journalctl")
+    if journalctl is None or run is None:
+        return None
+    rc, stdout, _stderr = run([journalctl, "-k", "-q", "--no-pager", "-o", "short-unix", "--since", f"@{max(0.0, since):.0f}"])
+    if rc != 0:
+        return None
+    out = []
+    for line in stdout.splitlines():
+        stamp, _sep, rest = line.partition(" ")
+        try:
+            when = float(stamp)
+        except ValueError:
+            continue
+        # "host kernel: NVRM: Xid ...": the message follows "kernel: ".
+        out.append((when, rest.split("kernel: ", 1)[-1]))
+    return out
+
+
+def xid_events(messages: t.Iterable[tuple[float, str]], since: float) -> list[dict[str, t.Any]]:
+    """The Xid events among ``messages`` at or after ``since``: ``{xid, time, bucket, line, bus}``."""
+    out = []
+    for when, message in messages:
+        if when < since:
+            continue
+        m = XID_RE.search(message)
+        if not m:
+            continue
+        xid = int(m.group(4))
+        out.append(
+            {
+                "xid": xid,
+                "time": round(when, 6),
+                "bucket": xid_bucket(xid, message),
+                "line": message.strip(),
+                "bus": (int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16)),
+            }
+        )
+    return out
+
+
+def read_xids(since: float, kernel_log: str = KMSG, run: Run | None = None) -> tuple[str, list[dict[str, t.Any]]]:
+    """(source, Xid events since ``since``): source ``kmsg`` (``kernel_log`` read), ``journalctl`` (run with ``run``), or ``unreadable``."""
+    data = read_kmsg(kernel_log)
+    if data is not None:
+        return "kmsg", xid_events(parse_kmsg(data, boot_epoch()), since)
+    journal = read_journal(since, run)
+    if journal is not None:
+        return "journalctl", xid_events(journal, since)
+    return "unreadable", []
+
+
+def parse_since(value: t.Any, default: float) -> float | None:
+    """``since`` as epoch seconds: a number, an ISO 8601 time (naive = local time), or ``default`` when empty; None when unreadable."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00").replace(" ", "T", 1))
+    except ValueError:
+        return None
+    return parsed.timestamp()
+
+
+# ---------------------------------------------------------------------- NVML readings
+READING_KEYS = (
+    "recovery_action",
+    "xid",
+    "remapped_rows",
+    "retired_pages",
+    "ecc_volatile_uncorrected",
+    "fabric",
+    "compute_mode",
+    "mig_mode",
+    "persistence_mode",
+)
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+_FIELD_RECOVERY_ACTION = 230
+_NVML_ERROR_FUNCTION_NOT_FOUND = 13
+_NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+
+
+class _FabricV2(ctypes.Structure):
+    # nvmlGpuFabricInfo_v2_t (nvml.h), what nvmlDeviceGetGpuFabricInfoV fills with version 2.
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+        ("healthMask", ctypes.c_uint32),
+    ]
+
+
+class _FabricV1(ctypes.Structure):
+    # nvmlGpuFabricInfo_t: the unversioned call of drivers before R550.
+    _fields_ = [("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint8)]
+
+
+def _code(exc: BaseException) -> int:
+    value = getattr(exc, "value", None)
+    return int(value) if isinstance(value, int) else -1
+
+
+def _fabric(handle: t.Any) -> dict[str, t.Any] | None:
+    """The GPU's fabric state, versioned call first; None where the GPU or driver has none."""
+    info: ctypes.Structure = _FabricV2()
+    try:
+        fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfoV")
+        info.version = ctypes.sizeof(_FabricV2) | (2 << 24)
+        ret = fn(handle, ctypes.byref(info))
+    except pynvml.NVMLError as exc:  # the entry point is not in this library
+        ret = _code(exc)
+    if ret in (_NVML_ERROR_FUNCTION_NOT_FOUND, _NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
+        info = _FabricV1()
+        try:
+            fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")
+            ret = fn(handle, ctypes.byref(info))
+        except pynvml.NVMLError as exc:
+            ret = _code(exc)
+    if ret != 0:
+        return None
+    return {"state": FABRIC_STATES.get(int(info.state), f"unknown_{int(info.state)}"), "status": int(info.status)}
+
+
+def read_gpu(handle: t.Any) -> dict[str, t.Any]:
+    """The NVML health readings of one GPU: every key of ``READING_KEYS`` (``xid`` is filled by the
+    caller from the kernel log), ``None`` for what the GPU or driver does not answer.
+
+    One plain function of a handle, so that it can run wherever NVML is called (for example in the
+    helper process that bounds a call that may hang); it never raises an NVML error.
+    """
+    out: dict[str, t.Any] = dict.fromkeys(READING_KEYS)
+
+    def ask(fn: t.Callable[[], t.Any]) -> t.Any:
+        try:
+            return fn()
+        except pynvml.NVMLError:
+            return None
+
+    values = ask(lambda: pynvml.nvmlDeviceGetFieldValues(handle, [_FIELD_RECOVERY_ACTION]))
+    if values and values[0].nvmlReturn == 0:
+        code = int(values[0].value.uiVal)
+        out["recovery_action"] = RECOVERY_NAMES.get(code, f"unknown_{code}")
+    rows = ask(lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
+    if rows is not None:
+        out["remapped_rows"] = {"correctable": int(rows[0]), "uncorrectable": int(rows[1]), "pending": bool(rows[2]), "failure": bool(rows[3])}
+    pending = ask(lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+    if pending is not None:
+        sbe = ask(lambda: pynvml.nvmlDeviceGetRetiredPages(handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS))
+        dbe = ask(lambda: pynvml.nvmlDeviceGetRetiredPages(handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))
+        out["retired_pages"] = {"pending": bool(pending), "single_bit": None if sbe is None else len(sbe), "double_bit": None if dbe is None else len(dbe)}
+    ecc = ask(lambda: pynvml.nvmlDeviceGetTotalEccErrors(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC))
+    if ecc is not None:
+        out["ecc_volatile_uncorrected"] = int(ecc)
+    out["fabric"] = _fabric(handle)
+    mode = ask(lambda: pynvml.nvmlDeviceGetComputeMode(handle))
+    if mode is not None:
+        out["compute_mode"] = COMPUTE_MODES.get(int(mode), f"unknown_{int(mode)}")
+    mig = ask(lambda: pynvml.nvmlDeviceGetMigMode(handle))
+    if mig is not None:
+        out["mig_mode"] = {"current": bool(mig[0]), "pending": bool(mig[1])}
+    persistence = ask(lambda: pynvml.nvmlDeviceGetPersistenceMode(handle))
+    if persistence is not None:
+        out["persistence_mode"] = bool(persistence)
+    return out
+
+
+# ---------------------------------------------------------------------- host findings
+MPS_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+FABRICMANAGER_NAMES = ("nv-fabricmanager", "nvidia-fabricmanager")
+
+
+def _exe_names(pid: int) -> set[str]:
+    """What a process calls itself: comm, argv[0]'s and the executable's base names."""
+    names = set()
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+            names.add(fh.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv0 = fh.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+        names.add(os.path.basename(argv0))
+    except OSError:
+        return names
+    try:
+        names.add(os.path.basename(os.readlink(f"/proc/{pid}/exe")))
+    except OSError:
+        pass
+    return names
+
+
+def find_processes(wanted: t.Sequence[str]) -> dict[str, list[int]]:
+    """Pids of the processes whose executable or argv[0] is one of ``wanted`` (comm is cut at 15 characters, so it only preselects)."""
+    found: dict[str, list[int]] = {name: [] for name in wanted}
+    short = {name[:15]: name for name in wanted}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+                comm = fh.read().strip()
+        except OSError:
+            continue
+        if comm not in short:
+            continue
+        names = _exe_names(pid)
+        for name in wanted:
+            if name in names:
+                found[name].append(pid)
+                break
+    return found
+
+
+def host_findings(fabric_present: bool) -> dict[str, t.Any]:
+    """``mps_daemon`` (pids of MPS control daemons and servers) and ``fabricmanager`` (running, not_running, not_needed)."""
+    found = find_processes((*MPS_NAMES, *FABRICMANAGER_NAMES))
+    mps = sorted(found[MPS_NAMES[0]] + found[MPS_NAMES[1]])
+    fm_running = bool(found[FABRICMANAGER_NAMES[0]] or found[FABRICMANAGER_NAMES[1]])
+    return {"mps_daemon": mps, "fabricmanager": "running" if fm_running else ("not_running" if fabric_present else "not_needed")}
+
+
+def fabric_present(readings: t.Iterable[dict[str, t.Any]]) -> bool:
+    """Whether any GPU has an NVLink fabric to bring up (an NVSwitch system)."""
+    return any(r.get("fabric") and r["fabric"]["state"] != "not_supported" for r in readings)
+
+
+# ---------------------------------------------------------------------- verdicts
+def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None) -> dict[str, t.Any]:
+    """``{verdict, evidence, readings}`` of one GPU: each finding a sentence naming its verdict, the verdict the worst."""
+    found: list[tuple[str, str]] = []
+    if diagnosis == _reasons.DRIVER_HUNG:
+        found.append((REBOOT, "an NVML call on this GPU did not return (the driver is hung)"))
+    elif diagnosis == _reasons.GPU_LOST:
+        found.append((REBOOT, "the GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST, Xid 79)"))
+    action = readings.get("recovery_action")
+    if action and action != "none":
+        found.append((RECOVERY_VERDICTS.get(action, RESET_GPU), f"the driver's recovery action is {action}"))
+    seen: set[tuple[int, str]] = set()
+    for event in readings.get("xid") or []:
+        verdict = BUCKET_VERDICTS.get(event["bucket"], RESET_GPU)
+        if verdict == OK or (event["xid"], verdict) in seen:
+            continue
+        seen.add((event["xid"], verdict))
+        unknown = " (not in the collection's table of NVIDIA's Xid catalog: treated as needing a reset)" if event["bucket"] == "UNKNOWN" else ""
+        found.append((verdict, f"Xid {event['xid']} in the kernel log ({event['bucket']}){unknown}: {event['line']}"))
+    rows = readings.get("remapped_rows")
+    if rows:
+        if rows["failure"]:
+            found.append((DRAIN, "a row remapping failed (the memory cannot be repaired in the field: RMA)"))
+        elif rows["pending"]:
+            found.append((RESET_GPU, "a row remapping is pending: it takes effect at the next GPU reset"))
+    pages = readings.get("retired_pages")
+    if pages and pages["pending"]:
+        found.append((RESET_GPU, "a page retirement is pending: it takes effect at the next GPU reset"))
+    ecc = readings.get("ecc_volatile_uncorrected")
+    if ecc:
+        found.append((RESTART_APP, f"{ecc} uncorrectable ECC error(s) since the driver loaded (volatile count): the application that met them must restart"))
+    fabric = readings.get("fabric")
+    if fabric and fabric["state"] in ("not_started", "in_progress"):
+        found.append(
+            (RESET_GPU, f"the GPU's NVLink fabric is {fabric['state']} (CUDA answers 'system not yet initialized' until nvidia-fabricmanager completes it)")
+        )
+    elif fabric and fabric["state"] == "completed" and fabric["status"] not in (0, None):
+        found.append((RESET_GPU, f"the GPU's NVLink fabric setup completed with NVML error {fabric['status']}"))
+    mode = readings.get("compute_mode")
+    if mode and mode != "default":
+        found.append((RESTART_APP, f"compute mode is {mode}: a second CUDA process gets 'CUDA-capable device(s) is/are busy or unavailable'"))
+    mig = readings.get("mig_mode")
+    if mig and mig["current"] != mig["pending"]:
+        found.append((RESET_GPU, f"a MIG mode change ({'on' if mig['pending'] else 'off'}) is pending: it takes effect at the next GPU reset"))
+    verdict = worst(v for v, _text in found)
+    return {"verdict": verdict, "evidence": [f"{v}: {text}." for v, text in found], "readings": readings}
+
+
+def judge_host(
+    gpu_health: t.Sequence[tuple[int, dict[str, t.Any]]], host: dict[str, t.Any], fail_on: str, stray_xids: t.Sequence[dict[str, t.Any]] = ()
+) -> dict[str, t.Any]:
+    """The host's ``{verdict, fail_on, evidence, host}``: the worst of the GPUs' verdicts (``(index, health)``
+    pairs) and the host's own findings; ``stray_xids`` are Xid events of a PCI device no GPU NVML lists has
+    (a GPU that fell off the bus no longer says where it is)."""
+    found: list[tuple[str, str]] = []
+    if host.get("mps_daemon"):
+        pids = ", ".join(map(str, host["mps_daemon"]))
+        found.append((RESTART_APP, f"an MPS daemon is left behind (PID(s) {pids}): stop it (gpuops.clean_slate.gpu_mode_restore with mps: stopped)"))
+    if host.get("fabricmanager") == "not_running" and any(
+        (g["readings"].get("fabric") or {}).get("state") in ("not_started", "in_progress") for _i, g in gpu_health
+    ):
+        found.append((RESET_GPU, "nvidia-fabricmanager is not running, and the GPUs' fabric is not up: start it (systemctl start nvidia-fabricmanager)"))
+    for event in stray_xids:
+        verdict = BUCKET_VERDICTS.get(event["bucket"], RESET_GPU)
+        if verdict != OK:
+            found.append((verdict, f"Xid {event['xid']} in the kernel log ({event['bucket']}) of a PCI device no listed GPU has: {event['line']}"))
+    evidence = [f"{v}: {text}." for v, text in found]
+    for index, g in gpu_health:
+        evidence += [f"GPU {index}: {e}" for e in g["evidence"]]
+    verdict = worst([v for v, _text in found] + [g["verdict"] for _i, g in gpu_health])
+    return {"verdict": verdict, "fail_on": fail_on, "evidence": evidence, "host": host}
+
+
+def advice(verdict: str) -> str:
+    """What to do about a verdict (empty for ok)."""
+    return ADVICE.get(verdict, "")

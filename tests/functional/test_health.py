@@ -1,0 +1,184 @@
+"""gpu_mem_verify's health verdict through Ansible on the simulated node: every verdict, from the state the real
+world leaves (Xid lines in the kernel log, the driver's recovery action, remapped rows, the fabric, modes and an MPS
+daemon left behind), read the way the module reads a real node."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+from gpusim import Node
+from support.modules import ModuleRunner, assert_no_traceback
+
+
+def verify(mod: ModuleRunner, **args: object) -> dict:
+    args.setdefault("kernel_log", str(mod.node.kernel_log))
+    args.setdefault("timeout", 0)
+    return mod("gpu_mem_verify", args)
+
+
+def test_an_idle_h200_node_is_ok_with_every_reading_an_h200_gives(mod, node) -> None:
+    r = verify(mod)
+    assert r["_status"] == "ok", r
+    h = r["health"]
+    assert (h["verdict"], h["fail_on"], h["evidence"]) == ("ok", "reset_gpu", [])
+    # An HGX H200 has a fabric; it is up, so a fabric manager that is not running is no finding.
+    assert h["host"] == {"mps_daemon": [], "fabricmanager": "not_running", "kernel_log": "kmsg"}
+    for g in r["gpus"]:
+        assert g["health"]["verdict"] == "ok" and g["health"]["evidence"] == []
+        assert g["health"]["readings"] == {
+            "recovery_action": "none",
+            "xid": [],
+            "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+            # Page retirement ended with Volta: an H200 answers NOT_SUPPORTED, which is null, not a guess.
+            "retired_pages": None,
+            "ecc_volatile_uncorrected": 0,
+            "fabric": {"state": "completed", "status": 0},
+            "compute_mode": "default",
+            "mig_mode": {"current": False, "pending": False},
+            "persistence_mode": True,
+        }
+
+
+def test_an_application_xid_since_the_start_is_restart_app_and_an_older_one_is_ignored(mod, node) -> None:
+    node.xid(1, 79)  # before `since`: a reset or reboot has dealt with it
+    time.sleep(0.05)
+    since = time.time()
+    time.sleep(0.05)
+    line = node.xid(2, 13, pid=4242, name="python3")
+    r = verify(mod, since=since)
+    assert r["_status"] == "ok", r  # below fail_on (reset_gpu)
+    g2 = r["gpus"][2]["health"]
+    assert g2["verdict"] == "restart_app"
+    [event] = g2["readings"]["xid"]
+    assert (event["xid"], event["bucket"], event["line"]) == (13, "RESTART_APP", line)
+    assert since <= event["time"] <= time.time()
+    assert r["gpus"][1]["health"]["readings"]["xid"] == [] and r["gpus"][1]["health"]["verdict"] == "ok"
+    assert r["health"]["verdict"] == "restart_app"
+    assert r["health"]["evidence"][0].startswith("GPU 2: restart_app: Xid 13")
+    assert "Health: restart_app" in r["msg"]
+
+
+def test_a_pending_row_remap_is_reset_gpu_and_fails_at_the_default_threshold(mod, node) -> None:
+    node.set_health(4, remap_uncorrectable=1, remap_pending=1)
+    r = verify(mod)
+    assert (r["_status"], r["reason"]) == ("failed", "unhealthy"), r
+    assert r["clean"] is False and r["clean_count"] == 8  # the memory is clean; the health is not
+    g4 = r["gpus"][4]["health"]
+    assert g4["verdict"] == "reset_gpu"
+    assert g4["readings"]["remapped_rows"] == {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}
+    assert "row remapping is pending" in g4["evidence"][0]
+    assert "nvidia-smi -r" in r["msg"] and "fail_on is reset_gpu" in r["msg"]
+    assert_no_traceback(r)
+    # fail_on: never reports the same verdict without failing.
+    r = verify(mod, fail_on="never")
+    assert r["_status"] == "ok" and r["clean"] is True and r["health"]["verdict"] == "reset_gpu"
+
+
+def test_a_gpu_that_fell_off_the_bus_in_the_log_is_reboot(mod, node) -> None:
+    since = time.time()
+    node.xid(6, 79)
+    r = verify(mod, since=since, fail_on="reboot")
+    assert (r["_status"], r["reason"]) == ("failed", "unhealthy"), r
+    assert r["gpus"][6]["health"]["verdict"] == "reboot"
+    assert r["health"]["verdict"] == "reboot"
+    assert "reboot" in r["msg"]
+
+
+def test_the_drivers_recovery_action_gives_the_verdict(mod, node) -> None:
+    node.set_fault(recovery_action={3: 2})  # NODE_REBOOT
+    r = verify(mod, fail_on="drain")
+    # Memory judgement first: the recovery action makes the GPU not clean (needs_reset), as before.
+    assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+    g3 = r["gpus"][3]
+    assert g3["diagnosis"] == "needs_reset"
+    assert g3["health"]["verdict"] == "reboot" and g3["health"]["readings"]["recovery_action"] == "node_reboot"
+
+
+@pytest.mark.parametrize("how", ["remap_failure", "xid_64"])
+def test_a_failed_row_remap_is_drain(mod, node, how) -> None:
+    since = time.time()
+    if how == "remap_failure":
+        node.set_health(0, remap_failure=1)
+    else:
+        node.xid(0, 64)
+    r = verify(mod, since=since, fail_on="drain")
+    assert (r["_status"], r["reason"]) == ("failed", "unhealthy"), r
+    assert r["gpus"][0]["health"]["verdict"] == "drain" and r["health"]["verdict"] == "drain"
+
+
+def test_a_fabric_not_up_without_fabric_manager_is_reset_gpu_and_says_start_it(mod, node, sandbox) -> None:
+    node.set_health([0, 1], fabric_state="in_progress")
+    r = verify(mod)
+    assert (r["_status"], r["reason"]) == ("failed", "unhealthy"), r
+    assert r["gpus"][0]["health"]["readings"]["fabric"] == {"state": "in_progress", "status": 0}
+    assert r["health"]["host"]["fabricmanager"] == "not_running"
+    assert any("nvidia-fabricmanager is not running" in e for e in r["health"]["evidence"])
+    # With the fabric manager running (a stand-in process of that name), the GPUs still wait for it.
+    node.spawn_daemon("nv-fabricmanager", sandbox=sandbox)
+    r = verify(mod)
+    assert r["health"]["host"]["fabricmanager"] == "running"
+    assert not any("nvidia-fabricmanager is not running" in e for e in r["health"]["evidence"])
+    assert r["gpus"][1]["health"]["verdict"] == "reset_gpu"
+
+
+def test_exclusive_compute_mode_and_an_mps_daemon_left_behind_are_restart_app(mod, node, sandbox) -> None:
+    node.set_compute_mode(5, "exclusive_process")
+    mps = node.spawn_daemon("nvidia-cuda-mps-control", sandbox=sandbox)
+    r = verify(mod)
+    assert r["_status"] == "ok", r
+    assert r["gpus"][5]["health"]["readings"]["compute_mode"] == "exclusive_process"
+    assert r["gpus"][5]["health"]["verdict"] == "restart_app"
+    assert r["health"]["host"]["mps_daemon"] == [mps.ns_pid]
+    assert r["health"]["verdict"] == "restart_app"
+    assert any("MPS daemon" in e and str(mps.ns_pid) in e for e in r["health"]["evidence"])
+    r = verify(mod, fail_on="restart_app")
+    assert (r["_status"], r["reason"]) == ("failed", "unhealthy")
+
+
+def test_a_pending_mig_change_and_volatile_ecc_errors(mod, node) -> None:
+    node.set_health(7, mig_pending=1, ecc_volatile_uncorrected=3, persistence=0)
+    r = verify(mod, fail_on="never")
+    g7 = r["gpus"][7]["health"]
+    assert g7["readings"]["mig_mode"] == {"current": False, "pending": True}
+    assert g7["readings"]["ecc_volatile_uncorrected"] == 3 and g7["readings"]["persistence_mode"] is False
+    assert g7["verdict"] == "reset_gpu"
+    assert [e.split(":")[0] for e in g7["evidence"]] == ["restart_app", "reset_gpu"]
+
+
+def test_a_consumer_gpu_reports_null_where_it_has_no_such_feature() -> None:
+    with Node(gpus=1, name="NVIDIA GeForce RTX 4090", total_mib=24564, reserved_mib=300) as node:
+        sb = node.sandbox()
+        try:
+            r = verify(ModuleRunner(node, sb))
+        finally:
+            sb.stop()
+    assert r["_status"] == "ok", r
+    readings = r["gpus"][0]["health"]["readings"]
+    for key in ("remapped_rows", "retired_pages", "ecc_volatile_uncorrected", "fabric", "mig_mode"):
+        assert readings[key] is None, key
+    assert readings["compute_mode"] == "default" and readings["persistence_mode"] is True
+    assert r["health"]["host"]["fabricmanager"] == "not_needed"
+
+
+def test_health_off_and_bad_health_options(mod) -> None:
+    r = verify(mod, health=False)
+    assert r["_status"] == "ok" and r["health"] is None and "health" not in r["gpus"][0]
+    r = verify(mod, since="yesterday-ish")
+    assert (r["_status"], r["reason"], r.get("option")) == ("failed", "bad_arguments", "since"), r
+    r = verify(mod, since="2026-12-01T08:00:00Z")
+    assert r["_status"] == "ok" and r["health"]["since"] == datetime.datetime(2026, 12, 1, 8, tzinfo=datetime.timezone.utc).timestamp()
+
+
+def test_a_health_query_that_hangs_is_a_hung_driver_and_the_others_are_judged(mod, node) -> None:
+    node.set_fault(hang={"functions": ["nvmlDeviceGetRemappedRows"], "gpus": [3]})
+    node.set_health(5, remap_pending=1)
+    r = verify(mod, probe_timeout=1)
+    assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+    g3 = r["gpus"][3]
+    assert g3["diagnosis"] == "driver_hung" and g3["clean"] is False and "nvmlDeviceGetRemappedRows" in g3["detail"]
+    assert g3["health"]["verdict"] == "reboot" and g3["health"]["readings"]["remapped_rows"] is None
+    # The GPUs after it were still read, by a fresh helper.
+    assert r["gpus"][5]["health"]["verdict"] == "reset_gpu" and r["gpus"][7]["health"]["readings"]["fabric"] is not None
+    assert r["health"]["verdict"] == "reboot"
