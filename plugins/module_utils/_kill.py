@@ -371,6 +371,29 @@ def build_request(
     return request, fresh
 
 
+def argument_spec() -> dict[str, dict[str, t.Any]]:
+    """The options of gpu_procs_kill, without the containers scope (``_pct.SCOPE_OPTIONS``): one source for it and the umbrella's kill phase."""
+    return {
+        "gpus": {"type": "list", "elements": "raw", "default": []},
+        "discovery": {"type": "list", "elements": "str", "choices": ["nvml", "device_files"], "default": ["nvml", "device_files"]},
+        "allow_name_only": {"type": "bool", "default": False},
+        "patterns": {"type": "list", "elements": "str", "default": []},
+        "users": {"type": "list", "elements": "str", "default": []},
+        "include_children": {"type": "bool", "default": False},
+        "process_group": {"type": "bool", "default": False},
+        "protect": {"type": "list", "elements": "str", "default": []},
+        "unprotect": {"type": "list", "elements": "str", "default": []},
+        "kill_management_clients": {"type": "bool", "default": False},
+        "where": {"type": "str"},
+        "signal": {"type": "str", "choices": ["TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "KILL"], "default": "TERM"},
+        "grace_period": {"type": "float", "default": 10},
+        "kill_timeout": {"type": "float", "default": 10},
+        "deadline": {"type": "float"},
+        "device_dir": {"type": "path", "default": "/dev"},
+        "probe_timeout": {"type": "float", "default": 10},
+    }
+
+
 class ModuleRun:
     """One run of the gpu_procs_kill module; :attr:`kill` stays readable when it fails, for the failure's details.
 

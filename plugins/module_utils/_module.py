@@ -71,12 +71,14 @@ Body = t.Callable[[Module], t.Dict[str, t.Any]]
 Details = t.Callable[[str], t.Dict[str, t.Any]]
 
 
-def finish(module: Module, body: Body, name: str, libraries: t.Sequence[Library] = (), details: Details | None = None) -> t.NoReturn:
-    """Run ``body`` and end the module: ``exit_json`` with its result, or ``fail_json`` in the one failure shape.
+def outcome(module: t.Any, body: Body, name: str, libraries: t.Sequence[Library] = (), details: Details | None = None) -> dict[str, t.Any]:
+    """Run ``body`` and return its result, or its failure in the one failure shape with ``failed: True``.
 
     ``details(reason)`` gives the keys this module's failures always carry
     (for example ``targets: []``); a :class:`CleanSlateError`'s own details
-    override them, and ``msg`` and ``reason`` override both.
+    override them, and ``msg`` and ``reason`` override both. The umbrella
+    module (:mod:`._node`) runs several bodies in one process through this,
+    so that each phase's result is what the phase's own module would return.
     """
 
     def extra(reason: str) -> dict[str, t.Any]:
@@ -85,22 +87,36 @@ def finish(module: Module, body: Body, name: str, libraries: t.Sequence[Library]
     for lib in libraries:
         if not lib.present:
             traceback_of = {"exception": lib.error} if lib.error else {}
-            module.fail_json(
-                **{**extra(_reasons.MISSING_LIBRARY), **traceback_of, "msg": missing_required_lib(lib.package), "reason": _reasons.MISSING_LIBRARY}
-            )
+            return {
+                **extra(_reasons.MISSING_LIBRARY),
+                **traceback_of,
+                "msg": missing_required_lib(lib.package),
+                "reason": _reasons.MISSING_LIBRARY,
+                "failed": True,
+            }
     try:
-        result = body(module)
+        return body(module)
     except CleanSlateError as exc:
-        module.fail_json(**{**extra(exc.reason), **exc.result()})
+        return {**extra(exc.reason), **exc.result(), "failed": True}
     except Exception as exc:  # pylint: disable=broad-exception-caught
         # A bug must still reach the operator as a sentence, with the traceback kept for ANSIBLE_DISPLAY_TRACEBACK=error.
-        module.fail_json(
-            **{
-                **extra(_reasons.INTERNAL_ERROR),
-                "msg": f"{name} failed unexpectedly: {exc}. This is a bug: report it with the traceback (ANSIBLE_DISPLAY_TRACEBACK=error shows it).",
-                "exception": traceback.format_exc(),
-                "reason": _reasons.INTERNAL_ERROR,
-            }
-        )
+        return {
+            **extra(_reasons.INTERNAL_ERROR),
+            "msg": f"{name} failed unexpectedly: {exc}. This is a bug: report it with the traceback (ANSIBLE_DISPLAY_TRACEBACK=error shows it).",
+            "exception": traceback.format_exc(),
+            "reason": _reasons.INTERNAL_ERROR,
+            "failed": True,
+        }
+
+
+def end(module: Module, result: dict[str, t.Any]) -> t.NoReturn:
+    """``exit_json`` with ``result``, or ``fail_json`` when it says ``failed``."""
+    if result.pop("failed", False):
+        module.fail_json(**result)
     module.exit_json(**result)
     raise SystemExit(0)  # exit_json exits; as for fail_json, mypy is not told so
+
+
+def finish(module: Module, body: Body, name: str, libraries: t.Sequence[Library] = (), details: Details | None = None) -> t.NoReturn:
+    """Run ``body`` and end the module: ``exit_json`` with its result, or ``fail_json`` in the one failure shape."""
+    end(module, outcome(module, body, name, libraries, details))

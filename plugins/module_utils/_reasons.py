@@ -36,6 +36,9 @@ MISSING_LIBRARY = "missing_library"
 #: A bug: an unexpected exception, its traceback kept in ``exception``.
 INTERNAL_ERROR = "internal_error"
 
+#: The umbrella module (clean_slate_node) was asked to end processes on GPUs it did not read first.
+GPUS_NOT_READ = "gpus_not_read"
+
 # ---------------------------------------------------------------------- containers (pct, lxc-info)
 #: The container exists but does not run (or its init cannot be seen from here).
 NOT_RUNNING = "not_running"
@@ -124,6 +127,28 @@ MODULES: dict[str, tuple[str, ...]] = {
     "gpu_procs_kill": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, *CONTAINERS, NO_DISCOVERY_SOURCE, UNKILLABLE, HOLDERS_REMAIN, *NVML),
     "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, UNHEALTHY, *NVML),
     "gpu_job_residue": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, PORT_IN_USE, PORT_CONNECTED, PORT_TIME_WAIT, REMOVE_FAILED, SCAN_INCOMPLETE),
+    "clean_slate_node": (
+        BAD_ARGUMENTS,
+        MISSING_LIBRARY,
+        INTERNAL_ERROR,
+        GPUS_NOT_READ,
+        *CONTAINERS,
+        COMMAND_FAILED,
+        NO_DISCOVERY_SOURCE,
+        UNKILLABLE,
+        HOLDERS_REMAIN,
+        NOT_CLEAN,
+        MISSING_GPUS,
+        UNHEALTHY,
+        *NVML,
+        PORT_IN_USE,
+        PORT_CONNECTED,
+        PORT_TIME_WAIT,
+        REMOVE_FAILED,
+        SCAN_INCOMPLETE,
+        BUSY,
+        RESTORE_FAILED,
+    ),
     "pct_exec": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, COMMAND_FAILED, TIMEOUT),
     "gpu_mode_restore": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, BUSY, RESTORE_FAILED, *NVML),
 }

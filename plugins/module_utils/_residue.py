@@ -1080,6 +1080,24 @@ def diff(result: dict[str, t.Any], check_mode: bool) -> dict[str, str]:
     return {"before": "".join(p + "\n" for p in gone + left), "after": "" if check_mode else "".join(p + "\n" for p in left)}
 
 
+def argument_spec() -> dict[str, dict[str, t.Any]]:
+    """The options of gpu_job_residue, without the containers scope (``_pct.SCOPE_OPTIONS``): one source for it and the umbrella's residue phase."""
+    return {
+        "shm": {"type": "list", "elements": "str", "default": list(DEFAULT_SHM)},
+        "sockets": {"type": "list", "elements": "str", "default": list(DEFAULT_SOCKETS)},
+        "locks": {"type": "list", "elements": "str", "default": list(DEFAULT_LOCKS)},
+        "dirs": {"type": "list", "elements": "str", "default": list(DEFAULT_DIRS)},
+        "remove": {"type": "list", "elements": "str", "choices": list(KINDS), "default": list(DEFAULT_REMOVE)},
+        "users": {"type": "list", "elements": "str", "default": []},
+        "ports": {"type": "list", "elements": "int", "default": []},
+        "time_wait_timeout": {"type": "float", "default": 0},
+        "patterns": {"type": "list", "elements": "str", "default": []},
+        "protect": {"type": "list", "elements": "str", "default": []},
+        "fail_on": {"type": "list", "elements": "str", "choices": list(FAIL_ON), "default": ["listening"]},
+        "list_limit": {"type": "int", "default": 200},
+    }
+
+
 class ModuleRun:
     """One run of the gpu_job_residue module; every failure carries ``summary`` and ``elapsed_s``.
 

@@ -41,6 +41,17 @@ MODES = {"default": 0, "prohibited": 2, "exclusive_process": 3}
 MPS_STATES = ("stopped",)
 
 
+def argument_spec() -> dict[str, dict[str, t.Any]]:
+    """The options of gpu_mode_restore (and of the umbrella's restore phase): one source for both."""
+    return {
+        "gpus": {"type": "list", "elements": "raw", "default": []},
+        "compute_mode": {"type": "str", "choices": list(MODES)},
+        "mps": {"type": "str", "choices": list(MPS_STATES)},
+        "mps_timeout": {"type": "float", "default": 10},
+        "probe_timeout": {"type": "float", "default": 10},
+    }
+
+
 def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     """Refuse bad input before anything is read or changed; returns the GPU selectors."""
     if params["compute_mode"] is None and params["mps"] is None:

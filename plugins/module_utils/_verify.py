@@ -475,6 +475,11 @@ def python_facts() -> dict[str, t.Any]:
     return {"executable": sys.executable, "version": platform.python_version(), "missing": missing}
 
 
+def failure_details(reason: str) -> dict[str, t.Any]:
+    """What every failure of gpu_mem_verify carries: not clean, no GPU read, the interpreter, and the deprecated alias."""
+    return {"clean": False, "gpus": [], "python": python_facts(), "diagnosis": reason}
+
+
 def verdict(outcome: Outcome, every_gpu: list[Gpu], selected: int, expected_count: int | None) -> tuple[str | None, str]:
     """(failure reason or None, message) of a verification: dirty selected GPUs, then too few healthy ones.
 
@@ -495,6 +500,25 @@ def verdict(outcome: Outcome, every_gpu: list[Gpu], selected: int, expected_coun
     if problems:
         return reason, " ".join(problems)
     return None, f"{outcome.clean_count}/{selected} GPUs clean in {outcome.elapsed_s:.2f} s"
+
+
+def argument_spec() -> dict[str, dict[str, t.Any]]:
+    """The options of gpu_mem_verify (and of the umbrella's preflight and verify phases): one source for both."""
+    return {
+        "gpus": {"type": "list", "elements": "raw", "default": []},
+        "expected_count": {"type": "int"},
+        "max_used_mib": {"type": "int", "default": 64},
+        "require_no_processes": {"type": "bool", "default": True},
+        "timeout": {"type": "float", "default": 30},
+        "interval": {"type": "float", "default": 0.1},
+        "probe_timeout": {"type": "float", "default": 10},
+        "fail_on_dirty": {"type": "bool", "default": True},
+        "device_dir": {"type": "path", "default": "/dev"},
+        "health": {"type": "bool", "default": True},
+        "fail_on": {"type": "str", "default": "reset_gpu", "choices": ["ok", "restart_app", "reset_gpu", "reboot", "drain", "never"]},
+        "since": {"type": "raw"},
+        "kernel_log": {"type": "path", "default": "/dev/kmsg"},
+    }
 
 
 def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_log: str, fail_on: str, run: _health.Run | None = None) -> dict[str, t.Any]:

@@ -385,21 +385,7 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module,
 
 def main() -> None:
     module = _module.Module(
-        argument_spec={
-            "shm": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_SHM)},
-            "sockets": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_SOCKETS)},
-            "locks": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_LOCKS)},
-            "dirs": {"type": "list", "elements": "str", "default": list(_residue.DEFAULT_DIRS)},
-            "remove": {"type": "list", "elements": "str", "choices": list(_residue.KINDS), "default": list(_residue.DEFAULT_REMOVE)},
-            "users": {"type": "list", "elements": "str", "default": []},
-            "ports": {"type": "list", "elements": "int", "default": []},
-            "time_wait_timeout": {"type": "float", "default": 0},
-            "patterns": {"type": "list", "elements": "str", "default": []},
-            "protect": {"type": "list", "elements": "str", "default": []},
-            "fail_on": {"type": "list", "elements": "str", "choices": list(_residue.FAIL_ON), "default": ["listening"]},
-            "list_limit": {"type": "int", "default": 200},
-            **_pct.SCOPE_OPTIONS,
-        },
+        argument_spec={**_residue.argument_spec(), **_pct.SCOPE_OPTIONS},
         supports_check_mode=True,
     ).ready()
     run = _residue.ModuleRun(_pct.scopes_of(module))

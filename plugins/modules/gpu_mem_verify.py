@@ -362,32 +362,13 @@ health:
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _nvml, _verify
 
 
-def failure_details(reason: str) -> dict:
-    """What every failure of this module carries: not clean, no GPU read, the interpreter, and the deprecated alias."""
-    return {"clean": False, "gpus": [], "python": _verify.python_facts(), "diagnosis": reason}
-
-
 def main() -> None:
     module = _module.Module(
-        argument_spec={
-            "gpus": {"type": "list", "elements": "raw", "default": []},
-            "expected_count": {"type": "int"},
-            "max_used_mib": {"type": "int", "default": 64},
-            "require_no_processes": {"type": "bool", "default": True},
-            "timeout": {"type": "float", "default": 30},
-            "interval": {"type": "float", "default": 0.1},
-            "probe_timeout": {"type": "float", "default": 10},
-            "fail_on_dirty": {"type": "bool", "default": True},
-            "device_dir": {"type": "path", "default": "/dev"},
-            "health": {"type": "bool", "default": True},
-            "fail_on": {"type": "str", "default": "reset_gpu", "choices": ["ok", "restart_app", "reset_gpu", "reboot", "drain", "never"]},
-            "since": {"type": "raw"},
-            "kernel_log": {"type": "path", "default": "/dev/kmsg"},
-        },
+        argument_spec=_verify.argument_spec(),
         supports_check_mode=True,
     ).ready()
     nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
-    _module.finish(module, _verify.run, "gpu_mem_verify", libraries=[nvml], details=failure_details)
+    _module.finish(module, _verify.run, "gpu_mem_verify", libraries=[nvml], details=_verify.failure_details)
 
 
 if __name__ == "__main__":

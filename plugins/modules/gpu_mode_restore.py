@@ -136,13 +136,7 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module,
 
 def main() -> None:
     module = _module.Module(
-        argument_spec={
-            "gpus": {"type": "list", "elements": "raw", "default": []},
-            "compute_mode": {"type": "str", "choices": list(_restore.MODES)},
-            "mps": {"type": "str", "choices": list(_restore.MPS_STATES)},
-            "mps_timeout": {"type": "float", "default": 10},
-            "probe_timeout": {"type": "float", "default": 10},
-        },
+        argument_spec=_restore.argument_spec(),
         supports_check_mode=True,
     ).ready()
     nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)

@@ -413,26 +413,7 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _
 
 def main() -> None:
     module = _module.Module(
-        argument_spec={
-            "gpus": {"type": "list", "elements": "raw", "default": []},
-            "discovery": {"type": "list", "elements": "str", "choices": ["nvml", "device_files"], "default": ["nvml", "device_files"]},
-            "allow_name_only": {"type": "bool", "default": False},
-            "patterns": {"type": "list", "elements": "str", "default": []},
-            "users": {"type": "list", "elements": "str", "default": []},
-            "include_children": {"type": "bool", "default": False},
-            "process_group": {"type": "bool", "default": False},
-            "protect": {"type": "list", "elements": "str", "default": []},
-            "unprotect": {"type": "list", "elements": "str", "default": []},
-            "kill_management_clients": {"type": "bool", "default": False},
-            "where": {"type": "str"},
-            "signal": {"type": "str", "choices": ["TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "KILL"], "default": "TERM"},
-            "grace_period": {"type": "float", "default": 10},
-            "kill_timeout": {"type": "float", "default": 10},
-            "deadline": {"type": "float"},
-            "device_dir": {"type": "path", "default": "/dev"},
-            "probe_timeout": {"type": "float", "default": 10},
-            **_pct.SCOPE_OPTIONS,
-        },
+        argument_spec={**_kill.argument_spec(), **_pct.SCOPE_OPTIONS},
         supports_check_mode=True,
     ).ready()
     run = _kill.ModuleRun(_pct.scopes_of(module))

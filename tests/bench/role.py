@@ -50,8 +50,13 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Role: the clean_slate playbook, local and on the 5-host lab"
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
 GRACE = 1.0
-GOAL_LOCAL_S = 3.0
+#: Issue 13's goals: playbook - empty playbook <= kill-to-clean + 0.4 s; at most 2 module runs per host;
+#: 5 lab hosts with forks 5 <= 1.5x one; controller CPU per extra lab host <= 0.3 s.
+GOAL_OVERHEAD_S = 0.4
+GOAL_MODULES = 2
 GOAL_LAB_RATIO = 1.5
+GOAL_CPU_PER_HOST_S = 0.3
+LOAD = os.getloadavg()
 
 
 def children_cpu(pid: int) -> float:
@@ -73,13 +78,43 @@ def module_runs(run: AnsibleRun) -> dict[str, int]:
     """gpuops module executions per inventory host (a delegated one counts for its host)."""
     counts: Counter[str] = Counter()
     for r in run.results:
-        if r["action"].startswith("gpuops.clean_slate.") and r["status"] in ("ok", "failed"):
+        if r["action"].startswith("gpuops.clean_slate.") and r["status"] in ("ok", "failed", "changed"):
             counts[r["host"]] += 1
     return dict(counts)
 
 
+#: The role's module tasks before clean_slate_node (a --baseline checkout), and the phase each ran.
+OLD_TASKS = {"Take the before picture": "before", "End the GPU processes": "kill", "Wait until every GPU is clean": "verify"}
+
+
+def phases(records: list[dict[str, Any]], host: str) -> dict[str, Any]:
+    """Each phase's result for ``host``: from clean_slate_node, or from the modules' own tasks of a baseline checkout."""
+    out: dict[str, Any] = {}
+    for r in records:
+        if r.get("host") != host or r.get("status") == "skipped":
+            continue
+        if r.get("action") == "gpuops.clean_slate.clean_slate_node":
+            out.update({k: v for k, v in r["result"].items() if k in ("before", "kill", "residue", "verify")})
+        for name, phase in OLD_TASKS.items():
+            if r.get("task", "").endswith(" : " + name):
+                out[phase] = r["result"]
+    return out
+
+
+def kill_to_clean(ph: dict[str, Any]) -> float:
+    """From the kill's start to the moment the verification saw every GPU clean: the work itself."""
+    verify = ph.get("verify", {})
+    return float(ph.get("kill", {}).get("elapsed_s", 0)) + float(verify.get("time_to_clean_s") or verify.get("elapsed_s") or 0)
+
+
+def yardstick(hosts: str = "gpu_nodes") -> list[dict[str, Any]]:
+    """The empty one-task playbook: Ansible's start-up, inventory and one task, nothing else."""
+    return [{"name": "Yardstick", "hosts": hosts, "gather_facts": False, "tasks": [{"name": "Nothing", "ansible.builtin.debug": {"msg": "nothing"}}]}]
+
+
 # ---------------------------------------------------------------------- single node
-def local_playbook(scenario: str) -> dict[str, Any]:
+def local_playbook(scenario: str, root: Path = ROOT) -> dict[str, Any]:
+    """The playbook of the checkout at ``root`` on a fresh workload, with the empty playbook measured beside it."""
     with Node(gpus=8) as node, tempfile.TemporaryDirectory(prefix="gpuops-bench-role-") as tmp:
         sb = node.sandbox()
         work = build(node, sb, scenario)
@@ -89,16 +124,22 @@ def local_playbook(scenario: str) -> dict[str, Any]:
         )
         env = node.env()
         env["PATH"] = f"{node.bin_dir}:{os.environ.get('PATH', '')}"
+        env.update(ANSIBLE_CONFIG=str(root / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(root))
+        empty = run_playbook(yardstick(), inventory=inventory, env=env, wrapper=sb.nsenter_prefix())
+        if empty.rc != 0:
+            raise RuntimeError(empty.output)
         cpu = own_children_cpu()
-        run = run_playbook(PLAYBOOK, inventory=inventory, env=env, wrapper=sb.nsenter_prefix())
+        run = run_playbook(root / "playbooks" / "clean_slate.yml", inventory=inventory, env=env, wrapper=sb.nsenter_prefix())
         cpu = own_children_cpu() - cpu
         if run.rc != 0:
             raise RuntimeError(run.output)
-        verify = run.task("Wait until every GPU is clean", host="gpu-node-1")["result"]
+        ph = phases(run.results, "gpu-node-1")
         out = {
             "wall": run.elapsed,
+            "empty": empty.elapsed,
+            "work": kill_to_clean(ph),
             "cpu_controller": cpu,
-            "clean": verify["clean"] and all(node.memory(i)["used_mib"] == 0 for i in range(8)),
+            "clean": ph["verify"]["clean"] and all(node.memory(i)["used_mib"] == 0 for i in range(8)),
             "daemons": len(survivors(work)),
             "modules": module_runs(run).get("gpu-node-1", 0),
             "tasks": sum(1 for r in run.results if r["host"] == "gpu-node-1" and r["status"] != "skipped"),
@@ -165,22 +206,122 @@ def lab_runs(repeat: int) -> dict[str, list[dict[str, Any]]]:
     return results
 
 
-# ---------------------------------------------------------------------- report
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per cell (median reported)")
-    parser.add_argument("--write-docs", action="store_true", help=f"write the figures into {DOCS.relative_to(ROOT)}")
-    args = parser.parse_args()
+# ---------------------------------------------------------------------- a real GPU node
+def gpu_rows(repeat: int, workers: int, gib: float) -> list[dict[str, Any]]:
+    """On a real GPU node (tests/gpu's RealBackend: torch workers, the real driver, connection local):
+    the empty playbook, the two-module play (gpu_procs_kill + gpu_mem_verify) and the whole playbook,
+    side by side on the same workload, started afresh for each run."""
+    # tests/gpu/validate.py runs with the GPU machine's python3, outside the venv: loaded from its file.
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("gpu_validate", ROOT / "tests" / "gpu" / "validate.py")
+    assert spec is not None and spec.loader is not None
+    validate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(validate)
+    Ansible, RealBackend = validate.Ansible, validate.RealBackend
+
+    backend = RealBackend()
+    specs = [{"gpu": i % backend.count, "gib": gib, "title": f"sglang::scheduler_TP{i}"} for i in range(workers)]
+    specs.append({"gpu": 0, "gib": gib, "fork_child": True})
+    two_tasks = [
+        {"name": "kill", "gpuops.clean_slate.gpu_procs_kill": {"patterns": ["^sglang::", "workload.py"], "include_children": True, "grace_period": 2}},
+        {"name": "verify", "gpuops.clean_slate.gpu_mem_verify": {"expected_count": backend.count}},
+    ]
+    cells: dict[str, list[dict[str, Any]]] = {"empty": [], "modules": [], "playbook": []}
+    with tempfile.TemporaryDirectory(prefix="gpuops-bench-gpu-") as tmpdir:
+        ansible = Ansible(backend, Path(tmpdir))
+        for _unused in range(repeat):
+            rc, wall, _records, out = ansible.run(ansible.play([{"name": "Nothing", "ansible.builtin.debug": {"msg": "nothing"}}]))
+            cells["empty"].append({"wall": wall, "ok": rc == 0, "modules": 0, "work": 0.0})
+            for what, playbook in (("modules", ansible.play(two_tasks)), ("playbook", ROOT / "playbooks" / "clean_slate.yml")):
+                procs = backend.spawn(specs)
+                rc, wall, records, out = ansible.run(playbook)
+                if rc != 0:
+                    raise RuntimeError(out)
+                ph = phases(records, "localhost")
+                if what == "modules":
+                    ph = {r["task"]: r["result"] for r in records if r.get("task") in ("kill", "verify")}
+                counts = Counter(r["host"] for r in records if r.get("action", "").startswith("gpuops.clean_slate.") and r.get("status") != "skipped")
+                cells[what].append({"wall": wall, "ok": not any(p.alive() for p in procs), "modules": counts.get("localhost", 0), "work": kill_to_clean(ph)})
+                for p in procs:
+                    for pid in p.pids():
+                        try:
+                            os.kill(pid, 9)
+                        except OSError:
+                            pass
+    gpu = backend.describe()
+    label = f"real node ({gpu['gpus']} x {gpu['gpu']}, driver {gpu['driver']})"
+    rows = []
+    empty = statistics.median(c["wall"] for c in cells["empty"])
+    for what, title in (("empty", "empty one-task playbook"), ("modules", "two-task play gpu_procs_kill + gpu_mem_verify"), ("playbook", "playbook")):
+        runs = cells[what]
+        wall = statistics.median(c["wall"] for c in runs)
+        work = statistics.median(c["work"] for c in runs)
+        rows.append(
+            {
+                "what": f"{label}: {title}",
+                "wall": wall,
+                "empty": empty,
+                "work": work,
+                "over": (wall - empty - work) if what != "empty" else None,
+                "cpu": "-",
+                "hosts": 1,
+                "clean": all(c["ok"] for c in runs),
+                "daemons": "-",
+                "modules": str(runs[0]["modules"]),
+                "tasks": "-",
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------- report
+HEADER = [
+    "Run",
+    "Hosts",
+    "Wall (s)",
+    "Empty playbook (s)",
+    "Kill-to-clean (s)",
+    "Wall - empty - kill-to-clean (s)",
+    "CPU (s): controller + hosts",
+    "Clean",
+    "Daemons kept",
+    "gpuops module runs per host",
+    "Tasks run per host (not skipped)",
+]
+
+
+def num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['what']} | {r['hosts']} | {r['wall']:.2f} | {num(r.get('empty'))} | {num(r.get('work'))} | {num(r.get('over'))} | {r['cpu']}"
+            f" | {'yes' if r['clean'] else 'NO'} | {r['daemons']} | {r['modules']} | {r['tasks']} |"
+        )
+    return "\n".join(lines)
+
+
+def local_rows(repeat: int, baseline: Path | None, tmpdir: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="gpuops-bench-") as tmpdir:
-        for scenario in ("plain", "messy"):
-            ours = [local_playbook(scenario) for _unused in range(args.repeat)]
-            pipe = [local_pipeline(scenario, Path(tmpdir)) for _unused in range(args.repeat)]
+    for scenario in ("plain", "messy"):
+        contenders = [("playbook (local)", ROOT)] + ([(f"playbook (local), before: {baseline_name(baseline)}", baseline)] if baseline else [])
+        for title, root in contenders:
+            ours = [local_playbook(scenario, root) for _unused in range(repeat)]
+            wall = statistics.median(o["wall"] for o in ours)
+            empty = statistics.median(o["empty"] for o in ours)
+            work = statistics.median(o["work"] for o in ours)
             rows.append(
                 {
-                    "what": f"1 node, {scenario}: playbook (local)",
-                    "wall": statistics.median(o["wall"] for o in ours),
+                    "what": f"1 node, {scenario}: {title}",
+                    "wall": wall,
+                    "empty": empty,
+                    "work": work,
+                    # Per run, then the median: the yardstick and the work are measured beside each playbook run.
+                    "over": statistics.median(o["wall"] - o["empty"] - o["work"] for o in ours),
                     "cpu": f"{statistics.median(o['cpu_controller'] for o in ours):.1f}",
                     "hosts": 1,
                     "clean": all(o["clean"] for o in ours),
@@ -189,20 +330,34 @@ def main() -> int:
                     "tasks": str(ours[0]["tasks"]),
                 }
             )
-            rows.append(
-                {
-                    "what": f"1 node, {scenario}: hand-run pipeline",
-                    "wall": statistics.median(p["wall"] for p in pipe),
-                    "cpu": "-",
-                    "hosts": 1,
-                    "clean": all(p["clean"] for p in pipe),
-                    "daemons": f"{max(p['daemons'] for p in pipe)}/3",
-                    "modules": "-",
-                    "tasks": "-",
-                }
-            )
-    lab = lab_runs(args.repeat)
-    for name, runs in lab.items():
+        pipe = [local_pipeline(scenario, tmpdir) for _unused in range(repeat)]
+        rows.append(
+            {
+                "what": f"1 node, {scenario}: hand-run pipeline",
+                "wall": statistics.median(p["wall"] for p in pipe),
+                "cpu": "-",
+                "hosts": 1,
+                "clean": all(p["clean"] for p in pipe),
+                "daemons": f"{max(p['daemons'] for p in pipe)}/3",
+                "modules": "-",
+                "tasks": "-",
+            }
+        )
+    return rows
+
+
+def baseline_name(path: Path | None) -> str:
+    if path is None:
+        return ""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h"], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or path.name
+
+
+def lab_rows(repeat: int) -> list[dict[str, Any]]:
+    rows = []
+    for name, runs in lab_runs(repeat).items():
         first = runs[0]
         rows.append(
             {
@@ -218,90 +373,108 @@ def main() -> int:
                 "tasks": ", ".join(f"{h} {n}" for h, n in sorted(first["tasks"].items())),
             }
         )
+    return rows
 
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per cell (median reported)")
+    parser.add_argument("--write-docs", action="store_true", help=f"write the figures into {DOCS.relative_to(ROOT)}")
+    parser.add_argument("--baseline", type=Path, help="a checkout of the collection to measure beside this one (local rows)")
+    parser.add_argument("--no-lab", action="store_true", help="leave out the 5-host lab")
+    parser.add_argument("--gpu", action="store_true", help="on a real GPU node: empty playbook, two-module play, playbook")
+    parser.add_argument("--workers", type=int, default=8, help="--gpu: renamed workers, plus a forked orphan")
+    parser.add_argument("--gib", type=float, default=6, help="--gpu: GiB each worker allocates")
+    args = parser.parse_args()
+
+    if args.gpu:
+        rows = gpu_rows(args.repeat, args.workers, args.gib)
+        print(f"clean_slate playbook on a real GPU node, {args.repeat} runs per cell (medians)")
+        print(table(rows))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="gpuops-bench-") as tmpdir:
+        rows = local_rows(args.repeat, args.baseline, Path(tmpdir))
+    if not args.no_lab:
+        rows += lab_rows(args.repeat)
     by = {r["what"]: r for r in rows}
-    local = by["1 node, plain: playbook (local)"]["wall"]
-    messy = by["1 node, messy: playbook (local)"]["wall"]
-    one = by["lab, 1 host (pve1)"]["wall"]
-    five = by["lab, 5 hosts, forks 5"]["wall"]
-    serial = by["lab, 5 hosts, forks 1"]["wall"]
-    header = ["Run", "Hosts", "Wall (s)", "CPU (s): controller + hosts", "Clean", "Daemons kept"]
-    header += ["gpuops module runs per host", "Tasks run per host (not skipped)"]
-    lines = ["| " + " | ".join(header) + " |", "|---|---:|---:|---:|---|---:|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['what']} | {r['hosts']} | {r['wall']:.2f} | {r['cpu']} | {'yes' if r['clean'] else 'NO'} | {r['daemons']} | {r['modules']} | {r['tasks']} |"
-        )
-    table = "\n".join(lines)
-    summary = [
-        f"playbook vs pipeline, 1 node: plain {local:.2f} s vs {by['1 node, plain: hand-run pipeline']['wall']:.2f} s,"
-        f" messy {messy:.2f} s vs {by['1 node, messy: hand-run pipeline']['wall']:.2f} s"
-        f" (goal: under {GOAL_LOCAL_S:g} s: {'met' if max(local, messy) < GOAL_LOCAL_S else 'plain ' + ('met' if local < GOAL_LOCAL_S else 'missed')})",
-        f"lab, forks 5 vs 1 host: {five:.2f} s / {one:.2f} s = {five / one:.2f}x over SSH; vs the local single node {five / local:.2f}x"
-        f" (goal <= {GOAL_LAB_RATIO}x); forks 1: {serial:.2f} s ({serial / five:.1f}x the forks-5 time)",
-    ]
     print(f"clean_slate playbook, {args.repeat} runs per cell (medians), grace period {GRACE:g} s")
-    print(table)
-    print("\n".join(summary))
+    print(table(rows))
+    print("\n".join(summary_lines(by)))
     if args.write_docs:
-        write_docs(table, by, args.repeat)
+        write_docs(table(rows), by, args)
     return 0
 
 
-def write_docs(table: str, by: dict[str, dict[str, Any]], repeat: int) -> None:
-    local = by["1 node, plain: playbook (local)"]["wall"]
-    messy = by["1 node, messy: playbook (local)"]["wall"]
-    pipe = by["1 node, plain: hand-run pipeline"]["wall"]
-    pipe_messy = by["1 node, messy: hand-run pipeline"]["wall"]
-    one = by["lab, 1 host (pve1)"]["wall"]
-    five = by["lab, 5 hosts, forks 5"]["wall"]
-    serial = by["lab, 5 hosts, forks 1"]["wall"]
-    b1, b5 = by["lab, 1 host (pve1)"], by["lab, 5 hosts, forks 5"]
+def summary_lines(by: dict[str, dict[str, Any]]) -> list[str]:
+    local, messy = by["1 node, plain: playbook (local)"], by["1 node, messy: playbook (local)"]
+    out = [
+        f"playbook vs pipeline, 1 node: plain {local['wall']:.2f} s vs {by['1 node, plain: hand-run pipeline']['wall']:.2f} s,"
+        f" messy {messy['wall']:.2f} s vs {by['1 node, messy: hand-run pipeline']['wall']:.2f} s",
+        f"playbook - empty playbook - kill-to-clean: plain {local['over']:.2f} s, messy {messy['over']:.2f} s"
+        f" (goal <= {GOAL_OVERHEAD_S:g} s: {'met' if max(local['over'], messy['over']) <= GOAL_OVERHEAD_S else 'missed'});"
+        f" module runs per host: {local['modules']} (goal <= {GOAL_MODULES})",
+    ]
+    for scenario in ("plain", "messy"):
+        before = next((r for w, r in by.items() if w.startswith(f"1 node, {scenario}: playbook (local), before: ")), None)
+        after = by[f"1 node, {scenario}: playbook (local)"]
+        if before is not None:
+            out.append(
+                f"{scenario}, before -> after in this run: wall {before['wall']:.2f} -> {after['wall']:.2f} s, wall - empty - kill-to-clean"
+                f" {before['over']:.2f} -> {after['over']:.2f} s, controller CPU {before['cpu']} -> {after['cpu']} s,"
+                f" module runs {before['modules']} -> {after['modules']}, tasks run {before['tasks']} -> {after['tasks']}"
+            )
+    if "lab, 1 host (pve1)" in by:
+        one, five, serial = by["lab, 1 host (pve1)"], by["lab, 5 hosts, forks 5"], by["lab, 5 hosts, forks 1"]
+        per_host = (five["cpu_ctl"] - one["cpu_ctl"]) / 4
+        out.append(
+            f"lab, forks 5 vs 1 host: {five['wall']:.2f} s / {one['wall']:.2f} s = {five['wall'] / one['wall']:.2f}x (goal <= {GOAL_LAB_RATIO}x);"
+            f" controller CPU per extra host {per_host:.2f} s (goal <= {GOAL_CPU_PER_HOST_S} s); forks 1: {serial['wall']:.2f} s"
+        )
+    return out
+
+
+def write_docs(table_text: str, by: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    command = "tests/tools/pidns-run .venv/bin/python tests/bench/role.py --repeat {}{}{} --write-docs".format(
+        args.repeat, f" --baseline {args.baseline}" if args.baseline else "", " --no-lab" if args.no_lab else ""
+    )
+    lines = "\n".join(f"- {line}" for line in summary_lines(by))
     section = f"""{SECTION}
 
-Measured {time.strftime("%Y-%m-%d")} on {platform.node() or "the build machine"} ({os.cpu_count()} cores, Python {platform.python_version()}), with
+Measured {time.strftime("%Y-%m-%d")} on {platform.node() or "the build machine"} ({os.cpu_count()} cores, Python {platform.python_version()}; load average
+{LOAD[0]:.1f} when the run started and {os.getloadavg()[0]:.1f} when it ended: other jobs shared the machine, so compare rows of
+one run, not runs), with
 
-    tests/tools/pidns-run .venv/bin/python tests/bench/role.py --repeat {repeat} --write-docs
+    {command}
 
 Each row is the whole `playbooks/clean_slate.yml` run by `ansible-playbook` (interpreter start-up,
-inventory and every role task included), median of {repeat} runs, each on a freshly built workload,
-`clean_slate_grace_period: {GRACE:g}`.
+inventory and every role task included), median of {args.repeat} runs, each on a freshly built workload,
+`clean_slate_grace_period: {GRACE:g}`, every phase of the role on (preflight, kill, residue, verify).
+Beside each playbook run, on the same inventory, the empty one-task playbook (one `debug` task: Ansible's
+start-up and inventory) is the yardstick; kill-to-clean is the work itself (the kill's own elapsed time
+plus the verification's time to clean), so "wall - empty - kill-to-clean" is what the role costs around
+the work. "before" rows run the checkout given with `--baseline` (the role before clean_slate_node) on
+the same machine in the same run.
 
 - **1 node**: the simulated 8 x H200 node, `ansible_connection: local` inside the node's sandbox,
-  against the developers' guide's hand-run pipeline (`tests/bench/kill_verify.py`: `ps | grep python3 |
-  kill -9`, the operator's 3 s pause, `fuser -k /dev/nvidia*; sleep 2; nvidia-smi`, re-checked every 2 s
-  until eight lines say `0 MiB`) on the same workload: an SGLang launcher and eight renamed scheduler
-  workers ("plain"), plus a forked child that kept GPU 6 and a vLLM worker on GPU 7 that ignores
-  SIGTERM ("messy"), with nvidia-persistenced, nv-hostengine and dcgm-exporter beside them.
+  against the developers' guide's hand-run pipeline (`tests/bench/kill_verify.py`) on the same workload:
+  an SGLang launcher and eight renamed scheduler workers ("plain"), plus a forked child that kept GPU 6
+  and a vLLM worker on GPU 7 that ignores SIGTERM ("messy"), with nvidia-persistenced, nv-hostengine
+  and dcgm-exporter beside them.
 - **lab**: the 5-host lab of `tests/lab` ([lab.md](lab.md)): the same playbook over SSH, the
   inventory from the `gpuops.clean_slate.proxmox` plugin reading the API simulator, Python 3.9 on the
-  hypervisors. Each host has an SGLang-like job with one SIGTERM-ignoring vLLM worker, so each waits
-  its grace period once. Runs are cold: no SSH connection survives from an earlier run. "1 host" is
-  the same playbook limited to pve1, the single-host reference for the forks comparison.
+  hypervisors; each host waits its grace period once. Runs are cold. "1 host" is the same playbook
+  limited to pve1.
 
-{table}
+{table_text}
 
-- Single node: the playbook takes {local:.2f} s ("plain") and {messy:.2f} s ("messy", of which
-  {GRACE:g} s is the grace period the SIGTERM-ignoring worker is given before SIGKILL) against
-  {pipe:.2f} s and {pipe_messy:.2f} s for the pipeline, which sleeps 5 s whatever happens and ends the
-  management daemons with everything else. Goal (under {GOAL_LOCAL_S:g} s, start-up included):
-  {"met for both" if max(local, messy) < GOAL_LOCAL_S else ("met for plain; messy adds the grace period" if local < GOAL_LOCAL_S else "missed")}.
-- Lab: five hosts with `--forks 5` take {five:.2f} s, {five / one:.2f}x the {one:.2f} s of one lab host
-  (goal: at most {GOAL_LAB_RATIO}x; {"met" if five / one <= GOAL_LAB_RATIO else "missed"}), and {five / local:.2f}x the local
-  single node, which has no SSH. With `--forks 1` the hosts go one after another: {serial:.2f} s.
-- Why the five hosts do not run in the time of one here: the controller and the five "machines" of
-  the lab share {os.cpu_count()} cores. One lab host costs {b1["cpu_ctl"] + b1["cpu_hosts"]:.1f} s of CPU
-  ({b1["cpu_ctl"]:.1f} on the controller, {b1["cpu_hosts"]:.1f} on the host), five cost {b5["cpu_ctl"] + b5["cpu_hosts"]:.1f} s
-  ({b5["cpu_ctl"]:.1f} + {b5["cpu_hosts"]:.1f}), so the CPU alone needs {(b5["cpu_ctl"] + b5["cpu_hosts"]) / (os.cpu_count() or 1):.1f} s of the
-  {five:.2f}, on top of what no parallelism hides (Ansible's start-up, about 0.5 s, and the {GRACE:g} s grace
-  period). Host CPU is measured as what each host's sshd reaped from its sessions (modules, pct,
-  shells), controller CPU as what ansible-playbook and its children used. On real machines each
-  host's share runs on its own CPUs; the controller's share (Ansible forks a worker for every task
-  and host, skipped ones included) is what grows with the number of hosts, about
-  {(b5["cpu_ctl"] - b1["cpu_ctl"]) / 4:.2f} s of CPU per extra host here.
-- Module runs per host: three gpuops modules (the before picture, the kill, the verification); the
-  containers without network run theirs on their hypervisor. Everything else the role does
-  (argument validation, mode, summary, set_stats) runs on the controller.
+{lines}
+
+Before clean_slate_node (the section as measured on 2026-11-30 on the same kind of machine, with
+`tests/tools/pidns-run .venv/bin/python tests/bench/role.py --repeat 3 --write-docs` at the commit before
+issue 13): the local playbook ran 3 gpuops modules and 10 tasks per host (1.91 s plain, 2.88 s messy); the lab
+ran 3 modules per host, 5 hosts with forks 5 took 4.74 s = 1.77x one host (2.69 s), and each extra host cost
+0.54 s of controller CPU. The "before" rows above measure that role again, beside the new one, in this run.
+
 """
     write_docs_section(DOCS, SECTION, section)
 

@@ -117,9 +117,9 @@ def main() -> int:
             print(run.output)
             print(f"playbook failed (rc {run.rc})")
             return 1
-        before = run.task("Take the before picture")["result"]["gpus"]
-        after = run.task("Wait until every GPU is clean")["result"]["gpus"]
-        kill = run.task("End the GPU processes")["result"]
+        before = run.phase("before")["gpus"]
+        after = run.phase("verify")["gpus"]
+        kill = run.phase("kill")
         print()
         print(gpu_table(before, after))
         print()
@@ -131,13 +131,13 @@ def main() -> int:
             if p["why"].startswith("protected daemon"):
                 print(f"  kept  {p['pid']:>5} {p['name']:<28} {p['why']}")
         print()
-        print(residue_table(job, http, port, cache, run.task("Remove orphaned job residue and check the ports")["result"]))
+        print(residue_table(job, http, port, cache, run.phase("residue")))
         print()
         print(run.task("Show the summary")["result"]["msg"])
         alive = [name for name, d in daemons.items() if d.alive()]
         print(f"Protected daemons still running: {', '.join(alive)}; playbook wall time {run.elapsed:.1f} s (Ansible start-up included).")
         ok = len(alive) == len(DAEMONS) and not any(w.alive() for w in [*workers, stubborn]) and not orphan.child_alive()
-        residue = run.task("Remove orphaned job residue and check the ports")["result"]
+        residue = run.phase("residue")
         gone = {r["path"] for r in residue["removed"]}
         ok = ok and holder.alive() and not job.alive() and gone == set(job.info["shm"][1:] + job.info["sockets"])
         ok = ok and not any(os.path.lexists(inside(sandbox, p)) for p in gone) and os.path.exists(inside(sandbox, job.info["shm"][0]))

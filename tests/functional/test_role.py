@@ -113,7 +113,28 @@ def test_check_mode_reports_what_would_end_and_ends_nothing(two_nodes, tmp_path:
     run = run_playbook(PLAYBOOK, inventory=inventory(tmp_path, {"host-a": a}), env=a.env(), check=True, wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
     assert worker.alive()
-    kill = run.task("End the GPU processes")["result"]
+    kill = run.phase("kill")
     assert [t["cmdline"] for t in kill["targets"]] == ["sglang::scheduler_TP2"]
     assert "1 processes would be ended (check mode)" in run.task("Show the summary")["result"]["msg"]
     assert os.path.exists(f"/proc/{worker.pid}")
+
+
+def test_the_pre_stop_plan_is_the_kills_own(two_nodes, tmp_path: Path) -> None:
+    """The plan taken before the pre-stop commands and the real kill come from one set of arguments: the plan
+    lists exactly what the kill ends, a launcher found only by the host's own name pattern included."""
+    a, _b, sb = two_nodes
+    worker = a.spawn_worker(gpus=[0], mib=8000, sandbox=sb, title="custom-job::worker0")
+    sb.spawn_detached(["bash", "-c", 'exec -a "custom-job::launcher" sleep 300'])
+    marker = tmp_path / "pre-stop-ran"
+    inv = inventory(tmp_path, {"host-a": a})
+    extra = {"clean_slate_pre_stop_commands": [f"touch {marker}"], "clean_slate_patterns": ["^custom-job::"]}
+    run = run_playbook(play(), inventory=inv, env=a.env(), extra_vars=extra, wrapper=sb.nsenter_prefix())
+    assert run.rc == 0, run.output
+    plan, kill = run.phase("plan"), run.phase("kill")
+    assert marker.exists(), "there was something to end, so the pre-stop commands ran"
+    planned = sorted((t["pid"], t["cmdline"]) for t in plan["targets"])
+    ended = sorted((t["pid"], t["cmdline"]) for t in kill["targets"])
+    assert planned == ended and {c.split()[0] for _p, c in ended} == {"custom-job::worker0", "custom-job::launcher"}, (planned, ended)
+    assert not worker.alive()
+    # One module run for every phase, the pre-stop plan and commands included.
+    assert [r["action"] for r in run.results if r["action"].startswith("gpuops.") and r["status"] != "skipped"] == ["gpuops.clean_slate.clean_slate_node"]

@@ -88,9 +88,21 @@ def fatal_lines(run: AnsibleRun, host: str) -> list[str]:
     return [line for line in run.stdout.splitlines() if line.startswith((f"fatal: [{host}]: FAILED!", f"failed: [{host}] "))]
 
 
+#: The phase results of gpuops.clean_slate.clean_slate_node, and the phase each belongs to.
+PHASE_KEYS = (("before", "preflight"), ("plan", "plan"), ("kill", "kill"), ("residue", "residue"), ("verify", "verify"))
+
+
 def gpuops_tasks(run: AnsibleRun, host: str | None = None) -> list[str]:
-    """The collection's module tasks that ran (not skipped) for ``host``."""
-    return [r["task"].split(" : ")[-1] for r in run.results if r["action"].startswith("gpuops.") and r["status"] != "skipped" and host in (None, r["host"])]
+    """The phases the collection's modules ran for ``host`` (the role's one module reports each phase's result), in order;
+    any other module of the collection by its task name."""
+    out: list[str] = []
+    for r in run.results:
+        if r["action"].startswith("gpuops.") and r["status"] != "skipped" and host in (None, r["host"]):
+            if r["action"] == "gpuops.clean_slate.clean_slate_node":
+                out += [phase for key, phase in PHASE_KEYS if key in r["result"]]
+            else:
+                out.append(r["task"].split(" : ")[-1])
+    return out
 
 
 def assert_red(run: AnsibleRun, host: str, phase: str, reason: str, says: str, report_dir: Path | None = None) -> dict[str, Any]:
@@ -262,7 +274,7 @@ def test_mixed_run_one_green_one_unreadable_one_unreachable(three_nodes, tmp_pat
 
     entry = assert_red(run, "unreadable", "preflight", "driver_not_loaded", "the NVIDIA kernel driver is not loaded", reports)
     assert summary(run, "unreadable").startswith("unreadable: GPUs not read, no process ended - FAILED in preflight (driver_not_loaded)")
-    assert entry["gpu_count"] == 0 and "End the GPU processes" not in gpuops_tasks(run, "unreadable")
+    assert entry["gpu_count"] == 0 and "kill" not in gpuops_tasks(run, "unreadable")
 
     entry = assert_red(run, "gone", "preflight", "unreachable", "gone is unreachable (", reports)
     assert "Connection refused" in entry["msg"] and "make it reachable" in entry["msg"]
@@ -317,7 +329,7 @@ def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
 
     assert_red(run, "deps", "dependencies", "missing_dependencies", "lacks nvidia-ml-py, psutil, jmespath", reports)
     assert_red(run, "pre-stop", "pre_stop", "command_failed", 'a pre-stop command failed on pre-stop ("/bin/false"): exit status 1. Fix it or remove', reports)
-    assert "End the GPU processes" not in gpuops_tasks(run, "pre-stop")
+    assert "kill" not in gpuops_tasks(run, "pre-stop")
     assert_red(run, "kill", "kill", "bad_arguments", "clean_slate_where: 'targets[?' is not a valid JMESPath expression", reports)
     entry = assert_red(run, "verify", "verify", "orphaned_context", "GPU 1", reports)
     assert summary(run, "verify").startswith("verify: 2/3 GPUs clean in ")
@@ -379,7 +391,7 @@ def test_tags_kill_never_runs_on_gpus_that_were_not_read(node, tmp_path: Path) -
     run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_kill", wrapper=sb.nsenter_prefix())
     assert run.rc == 2, run.output
     assert_red(run, "host-a", "preflight", "driver_not_loaded", "the NVIDIA kernel driver is not loaded")
-    assert worker.alive() and gpuops_tasks(run) == ["Take the before picture"]
+    assert worker.alive() and gpuops_tasks(run) == ["preflight"]
     # Skipping the reading does not get round it.
     n.clear_faults()
     run = run_playbook(
@@ -407,17 +419,17 @@ def test_tags_each_phase_alone(node, tmp_path: Path) -> None:
     run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_preflight", wrapper=sb.nsenter_prefix())
     assert run.rc == 2, run.output
     assert_red(run, "host-a", "preflight", "busy", "Only the GPUs were read")
-    assert worker.alive() and gpuops_tasks(run) == ["Take the before picture"]
+    assert worker.alive() and gpuops_tasks(run) == ["preflight"]
     # The kill alone ends it and says that nothing verified it.
     run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_kill", wrapper=sb.nsenter_prefix())
     assert run.rc == 2, run.output
     assert not worker.alive()
-    assert gpuops_tasks(run) == ["Take the before picture", "End the GPU processes"]
+    assert gpuops_tasks(run) == ["preflight", "kill"]
     assert_red(run, "host-a", "verify", "not_verified", "the clean_slate_verify phase did not run")
     # The verification alone proves the node clean: green.
     run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_verify", wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
-    assert gpuops_tasks(run) == ["Wait until every GPU is clean"]
+    assert gpuops_tasks(run) == ["verify"]
     assert artifacts(run)["host-a"]["clean"] is True and summary(run, "host-a").startswith("host-a: 2/2 GPUs clean in ")
 
 
@@ -444,16 +456,11 @@ def test_include_role_with_tags(node, tmp_path: Path) -> None:
     inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n, clean_slate_verify_timeout=0)})
     run = run_playbook(deploy, inventory=inv, env=n.env(), tags="clean_slate_verify", wrapper=sb.nsenter_prefix())
     assert run.rc == 2, run.output
-    assert gpuops_tasks(run) == ["Wait until every GPU is clean"] and worker.alive()
+    assert gpuops_tasks(run) == ["verify"] and worker.alive()
     assert_red(run, "host-a", "verify", "busy", "GPU 1")
     run = run_playbook(deploy, inventory=inv, env=n.env(), tags="deploy", args=["-e", "clean_slate_verify_timeout=5"], wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
-    assert gpuops_tasks(run) == [
-        "Take the before picture",
-        "End the GPU processes",
-        "Remove orphaned job residue and check the ports",
-        "Wait until every GPU is clean",
-    ]
+    assert gpuops_tasks(run) == ["preflight", "kill", "residue", "verify"]
     assert not worker.alive() and run.task("Start the server")["status"] == "ok"
 
 

@@ -72,7 +72,7 @@ def test_the_residue_of_the_killed_job_goes_and_the_port_is_free(site, tmp_path:
     assert os.path.exists(inside(sb, job.info["shm"][0]))
     # Locks and directories are only reported by default.
     assert all(os.path.lexists(p) for p in job.info["locks"] + job.info["dirs"])
-    residue = run.task("Remove orphaned job residue and check the ports")["result"]
+    residue = run.phase("residue")
     assert {r["path"] for r in residue["removed"]} == orphans
     assert residue["held"][0]["holders"][0]["name"] == "nv-hostengine"
     line = run.task("Show the summary")["result"]["msg"]
@@ -88,9 +88,10 @@ def test_the_residue_of_the_killed_job_goes_and_the_port_is_free(site, tmp_path:
     # The phase runs with its tag (and verify, without which a run proves nothing and is red); a second run finds nothing to remove.
     run = run_playbook(PLAYBOOK, inventory=inv, env=node.env(), tags="clean_slate_residue,clean_slate_verify", wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
-    again = run.task("Remove orphaned job residue and check the ports")["result"]
+    again = run.phase("residue")
     assert again["changed"] is False and again["summary"]["removed"] == 0
-    assert "End the GPU processes" not in {r["task"].split(" : ")[-1] for r in run.results}
+    assert [r["result"]["phases"] for r in run.by_action("clean_slate_node")] == [["residue", "verify"]]
+    assert "kill" not in run.task("Clean the GPUs")["result"]
 
 
 def test_a_listener_the_kill_phase_does_not_end_fails_the_host(site, tmp_path: Path) -> None:
@@ -103,11 +104,11 @@ def test_a_listener_the_kill_phase_does_not_end_fails_the_host(site, tmp_path: P
     assert run.rc != 0
     assert other.alive()
     # The residue task's own failure stops the host (the role's one failure path prints it once).
-    failed = run.task("Remove orphaned job residue and check the ports")["result"]
+    failed = run.phase("residue")
     assert failed["reason"] == "port_in_use", failed
     assert f"port {port} is still listened on by PID {other.ns_pid} (redis-server)" in failed["msg"], failed["msg"]
     assert "stop that service or add a pattern that matches it" in failed["msg"]
-    assert "Wait until every GPU is clean" not in {r["task"].split(" : ")[-1] for r in run.results}
+    assert "verify" not in run.task("Clean the GPUs")["result"]  # the run stopped at the residue
     report = json.loads((reports / "gpu-node-1.json").read_text())
     assert report["clean"] is False and report["phase"] == "residue" and report["reason"] == "port_in_use", report
     assert report["residue"]["ports"] == {str(port): "listening"}
@@ -124,7 +125,7 @@ def test_check_mode_removes_nothing_and_says_what_would_go(site, tmp_path: Path)
     assert live.alive()
     everything = dead.info["shm"] + dead.info["sockets"] + live.info["shm"] + live.info["sockets"]
     assert all(os.path.lexists(inside(sb, p)) for p in everything)
-    residue = run.task("Remove orphaned job residue and check the ports")["result"]
+    residue = run.phase("residue")
     assert {r["path"] for r in residue["removed"]} == set(dead.info["shm"] + dead.info["sockets"])
     line = run.task("Show the summary")["result"]["msg"]
     assert "would be removed" in line and "processes would be ended (check mode)" in line, line

@@ -49,7 +49,7 @@ def stats(run: AnsibleRun) -> dict[str, dict[str, int]]:
 
 def run_targets(run: AnsibleRun, name: str) -> list[dict[str, t.Any]]:
     """What gpu_procs_kill ended (or, in check mode, would end) for ``name``."""
-    return run.task("End the GPU processes", host=name)["result"]["targets"]
+    return run.phase("kill", host=name)["targets"]
 
 
 def assert_clean(lab: Lab, run: AnsibleRun, name: str) -> None:
@@ -69,8 +69,7 @@ def assert_untouched(lab: Lab, name: str, before: dict[int, int]) -> None:
 
 def reading(run: AnsibleRun, name: str) -> dict[str, t.Any]:
     """The preflight reading the kill went on: the one after the dependencies were installed, if any."""
-    again = [r for r in run.results if r["host"] == name and r["task"].endswith(" : Take the before picture again") and r["status"] != "skipped"]
-    return again[-1]["result"] if again else run.task("Take the before picture", host=name)["result"]
+    return run.phase("before", host=name)
 
 
 def modules_python(host: Host) -> str:
@@ -192,10 +191,10 @@ def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_n
         for name in sharing:
             probe = json.loads(first.task("Look for the modules' virtual environment", host=name)["result"]["stdout"])
             assert (probe["python"], probe["venv"], probe["ensurepip"]) == (SYSTEM_PYTHON, "absent", True), probe
-            before = first.task("Take the before picture", host=name)["result"]
+            before = first.task("Clean the GPUs", host=name)["result"]["before"]
             assert before["python"]["missing"] == ["nvidia-ml-py", "psutil", "jmespath"], before["python"]
             assert os.path.realpath(before["python"]["executable"]) == os.path.realpath(SYSTEM_PYTHON)  # Ansible found Debian's
-            again = first.task("Take the before picture again", host=name)["result"]
+            again = first.task("Clean the GPUs with the virtual environment", host=name)["result"]["before"]
             assert again["python"]["executable"] == str(node.venv / "bin" / "python") and again["python"]["missing"] == [], again["python"]
             assert again["python"]["version"] == before["python"]["version"]
             pip = first.task("Install the dependencies into the virtual environment", host=name)["result"]
@@ -236,7 +235,7 @@ def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_n
         res = result_of(second, name)
         assert res["ended"] == 0 and res["clean"] is True, res
         assert run_targets(second, name) == []
-        assert second.task("Take the before picture", host=name)["result"]["python"]["executable"] == modules_python(host)
+        assert second.phase("before", host=name)["python"]["executable"] == modules_python(host)
         if host.venv is not None:
             assert second.task("Deal with missing Python dependencies", host=name)["status"] == "skipped"
 
@@ -253,7 +252,7 @@ def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
         s = stats(run)[name]
         assert s["failures"] == 0 and s["unreachable"] == 0, (name, s)
         assert_clean(lab, run, name)
-        kill = run.task("End the GPU processes", host=name)["result"]
+        kill = run.phase("kill", host=name)
         assert {tg["pid"] for tg in kill["targets"]} == targets[name], (name, kill["targets"])
         assert all(tg["outcome"] in ("terminated", "killed") for tg in kill["targets"]), kill["targets"]
         assert result_of(run, name)["mode"] == ("hypervisor" if host.reach == "hypervisor" else "local")
@@ -285,7 +284,7 @@ def test_container_scope_spares_the_other_container_and_the_node(fresh: Lab) -> 
     assert run.rc == 0, run.output
     assert set(stats(run)) == {"ct102"}
     assert_clean(lab, run, "ct102")
-    kill = run.task("End the GPU processes", host="ct102")["result"]
+    kill = run.phase("kill", host="ct102")
     assert {tg["pid"] for tg in kill["targets"]} == want
     assert {tg["container"] for tg in kill["targets"]} == {102}
     # pve1 itself and ct101, on the same node and the same driver, keep running.
@@ -312,7 +311,7 @@ def test_a_container_through_proxmox_pct_remote_is_cleaned_in_its_own_scope(fres
     res = result_of(run, "ct201")
     assert res["mode"] == "local" and res["label"] == "ct201", res
     assert_clean(lab, run, "ct201")
-    kill = run.task("End the GPU processes", host="ct201")["result"]
+    kill = run.phase("kill", host="ct201")
     assert {tg["pid"] for tg in kill["targets"]} == inside, kill["targets"]
     assert {tg["pid"] for tg in kill["targets"] if "KILL" in tg["signals_sent"]} == {p.pid_at(2) for p in ct201.workload if p.ignores_term}
     assert reading(run, "ct201")["python"]["executable"] == ct201.python  # the container's own, not pve2's
@@ -391,8 +390,9 @@ def test_mixed_run_one_green_one_unreadable_one_unreachable(fresh: Lab, tmp_path
         failed = [line for line in run.stdout.splitlines() if line.startswith(f"fatal: [{name}]: FAILED!")]
         assert len(failed) == 1, failed  # each error printed once
     assert json.loads((reports / "pve1.json").read_text())["clean"] is True
-    assert run.task("Take the before picture", host="ct101")["status"] == "unreachable"
-    assert "End the GPU processes" not in {r["task"].split(" : ")[-1] for r in run.results if r["host"] != "pve1" and r["status"] != "skipped"}
+    assert run.task("Clean the GPUs", host="ct101")["status"] == "unreachable"
+    # Nothing was ended on the hosts that failed before their kill.
+    assert not [r["host"] for r in run.by_action("clean_slate_node") if r["host"] != "pve1" and "kill" in r["result"]]
     for name, before in untouched.items():
         assert_untouched(lab, name, before)
     # Metrics written over SSH by the hypervisors; none for the host nobody reached.

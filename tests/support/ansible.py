@@ -74,6 +74,14 @@ class AnsibleRun:
             raise AssertionError(f"task {name!r} has no result; tasks seen: {sorted({r['task'] for r in self.results})}\n{self.output}")
         return found[-1]
 
+    def phase(self, name: str, host: str | None = None) -> dict[str, Any]:
+        """A phase's result (before, plan, pre_stop, kill, residue, verify) in the last run of the role's
+        gpuops.clean_slate.clean_slate_node task (for ``host``): what that phase's own module returns."""
+        runs = [r for r in self.results if r["action"] == "gpuops.clean_slate.clean_slate_node" and (host is None or r["host"] == host)]
+        if not runs or name not in runs[-1]["result"]:
+            raise AssertionError(f"no {name!r} phase result; clean_slate_node results: {[r['result'] for r in runs]}\n{self.output}")
+        return runs[-1]["result"][name]
+
     def by_action(self, action: str, host: str | None = None) -> list[dict[str, Any]]:
         return [r for r in self.results if r["action"].endswith(action) and (host is None or r["host"] == host)]
 

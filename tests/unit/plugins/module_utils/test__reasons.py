@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _node, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _result
 
 ROOT = Path(__file__).resolve().parents[4]
 PLUGINS = ROOT / "plugins"
@@ -135,7 +136,8 @@ def test_every_module_is_in_the_contract() -> None:
 def role_reasons() -> set[str]:
     """The role's own reasons, read from roles/clean_slate/vars/main.yml.
 
-    They are the default reason of each phase result in _clean_slate_step_failure (its fourth column), and the
+    They are the default reason of each phase result in _clean_slate_steps (its fourth column), the reasons the
+    result filter gives (plugins/plugin_utils/_result.py), and the
     quoted values its templates give as a reason (``'reason': ...``, ``set reason = ...``); comparisons and lists
     of reasons the role only recognises are not values it gives.
     """
@@ -144,6 +146,8 @@ def role_reasons() -> set[str]:
     for expr in re.findall(r"'reason':\s*([^,}]+)", text) + re.findall(r"set reason = ([^%]+)%", text):
         expr = re.sub(r"(?:==|!=)\s*'\w+'|'\w+'\s*(?:==|!=)|\bin\s*\[[^\]]*\]", "", expr)
         found |= set(re.findall(r"'(\w+)'", expr))
+    # The result is built in Python (plugin_utils/_result.py): its own reasons are its constants.
+    found |= {_result.UNREACHABLE, _result.NOT_VERIFIED, _result.TOO_FEW_GPUS, _result.UNHEALTHY}
     return found
 
 
@@ -152,8 +156,7 @@ def test_the_role_reasons_are_read() -> None:
     # The reader above must see what the role is known to give, or the guide's check below proves nothing.
     assert {"bad_variable", "unreachable", "not_verified", "too_few_gpus", "kill_failed", "report_not_written"} <= reasons, reasons
     assert reasons.isdisjoint({"verify", "preflight", "kill"}), "phase names read as reasons"
-    unreadable = yaml.safe_load(ROLE_VARS.read_text(encoding="utf-8"))["_clean_slate_unreadable_reasons"]
-    assert set(unreadable) <= set(_reasons.NVML), "the role waits for NVML reasons the modules do not give"
+    assert set(_node.UNREADABLE) <= set(_reasons.NVML), "the kill waits for NVML reasons the modules do not give"
 
 
 def guide_reason_column() -> set[str]:

@@ -1,0 +1,360 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""The clean_slate_node module: every phase of a clean slate in one remote execution.
+
+Ansible pays for each module it runs (a worker fork on the controller, the
+module's transfer, an interpreter start on the host: about 0.3 s in a torch
+environment). The role used to run four (the before picture, the kill, the
+residue, the verification) and more with pre-stop commands; this runs them
+in one process, each through the entry point of its own module, so that each
+phase's result is exactly what that module returns on its own, and an option
+added to a module reaches the umbrella through the argument spec the two share
+(``_verify.argument_spec()``, ``_kill.argument_spec()``, ``_residue.argument_spec()``).
+
+The phases, in order, each only when selected (``phases``):
+
+* ``preflight``: gpu_mem_verify with the ``verify`` options, ``timeout: 0`` and
+  ``fail_on_dirty: false``: the before picture. A kill never runs on GPUs that
+  were not read (``gpus_not_read``) unless ``kill.allow_name_only``, which also
+  lets a driver that cannot be read go on to a name-only kill;
+* ``kill``: when ``pre_stop`` commands are given, gpu_procs_kill in check mode
+  (the plan), then the commands only when the plan has targets, then
+  gpu_procs_kill for real, with the same options: the plan shown before the
+  commands is the kill's own, by construction;
+* ``residue``: gpu_job_residue;
+* ``restore``: gpu_mode_restore (put back the modes the last job changed; in check mode a GPU still in use
+  is the expected picture and does not stop the run);
+* ``verify``: gpu_mem_verify.
+
+Every option of every selected phase is checked before the first phase runs
+(bad input is refused before anything is read, signalled or removed). The run
+stops at the first phase that fails; the module then fails with that phase's
+``reason`` and ``msg`` and names it in ``phase``; each phase's result is kept
+under its name (``before``, ``plan``, ``pre_stop``, ``kill``, ``residue``,
+``restore``, ``verify``), a failed one with ``failed: true``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import shlex
+import time
+import typing as t
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
+    _checks,
+    _kill,
+    _module,
+    _nvml,
+    _pct,
+    _procs,
+    _reasons,
+    _residue,
+    _restore,
+    _signals,
+    _verify,
+)
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+
+#: The phases, in the order they run.
+PHASES = ("preflight", "kill", "residue", "restore", "verify")
+#: The readings that fail because the driver cannot be read at all: with kill.allow_name_only they do not stop the kill.
+UNREADABLE = (
+    _reasons.LIBRARY_NOT_FOUND,
+    _reasons.DRIVER_NOT_LOADED,
+    _reasons.DRIVER_LIBRARY_MISMATCH,
+    _reasons.NO_PERMISSION,
+    _reasons.TIMEOUT,
+    _reasons.NVML_ERROR,
+)
+
+
+def argument_spec() -> dict[str, dict[str, t.Any]]:
+    """The umbrella's own options; ``kill``, ``residue`` and ``verify`` are checked against their modules' specs by :func:`phase_params`."""
+    return {
+        "phases": {"type": "list", "elements": "str", "choices": list(PHASES)},
+        "verify": {"type": "dict", "default": {}},
+        "kill": {"type": "dict", "default": {}},
+        "residue": {"type": "dict", "default": {}},
+        "restore": {"type": "dict", "default": {}},
+        "pre_stop": {"type": "list", "elements": "str", "default": []},
+        "pre_stop_timeout": {"type": "float", "default": 60},
+        **_pct.SCOPE_OPTIONS,
+    }
+
+
+def failure_details(_reason: str) -> dict[str, t.Any]:
+    """What every failure carries, also one refused before any phase ran: the interpreter, and where it stopped."""
+    return {"python": _verify.python_facts(), "phase": "arguments"}
+
+
+class Phase:
+    """What a module's body needs of its module (params, check mode, diff, warn, run_command, get_bin_path), for one phase."""
+
+    def __init__(self, module: t.Any, params: dict[str, t.Any], check_mode: bool) -> None:
+        self.module = module
+        self.params = params
+        self.check_mode = check_mode
+        self._diff = module._diff  # pylint: disable=protected-access
+
+    def warn(self, warning: str) -> None:
+        self.module.warn(warning)
+
+    def run_command(self, *args: t.Any, **kwargs: t.Any) -> t.Any:
+        return self.module.run_command(*args, **kwargs)
+
+    def get_bin_path(self, *args: t.Any, **kwargs: t.Any) -> t.Any:
+        return self.module.get_bin_path(*args, **kwargs)
+
+
+def phase_params(name: str, spec: dict[str, dict[str, t.Any]], given: t.Any) -> dict[str, t.Any]:
+    """``given`` checked against a module's argument spec, its defaults filled in; ``bad_arguments`` naming ``name.option``."""
+    if not isinstance(given, dict):
+        raise CleanSlateError(f"{name}: must be a dictionary of options, got {given!r}.", reason=_reasons.BAD_ARGUMENTS, option=name)
+    checked = ArgumentSpecValidator(spec).validate(dict(given))
+    if checked.error_messages:
+        raise CleanSlateError(f"{name}: {' '.join(checked.error_messages)}", reason=_reasons.BAD_ARGUMENTS, option=name)
+    return dict(checked.validated_parameters)
+
+
+def selected_phases(p: t.Mapping[str, t.Any]) -> list[str]:
+    """The phases asked for (all by default), in their order; restore only when its options declare something."""
+    return [name for name in PHASES if (p["phases"] is None or name in p["phases"]) and (name != "restore" or p["restore"])]
+
+
+def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
+    """Every selected phase's options, checked as its own module checks them, before anything runs.
+
+    A refusal names, in ``phase``, the phase whose options were wrong (``arguments`` for the umbrella's own).
+    """
+    phases = selected_phases(p)
+    scope = {"containers": p["containers"], "pct_path": p["pct_path"]}
+    out: dict[str, dict[str, t.Any]] = {}
+    with refused("arguments"):
+        _checks.number("pre_stop_timeout", p["pre_stop_timeout"], 0, _checks.MAX_SECONDS, low_open=True, unit="seconds")
+        for vmid in p["containers"]:
+            _checks.vmid("containers", vmid)
+        _checks.executable("pct_path", p["pct_path"])
+    if "preflight" in phases or "verify" in phases:
+        with refused("preflight" if "preflight" in phases else "verify"):
+            out["verify"] = phase_params("verify", _verify.argument_spec(), p["verify"])
+            _verify.validate(out["verify"])
+        # The before picture: one reading, judged but never failed for being dirty, without the count check.
+        out["preflight"] = {**out["verify"], "timeout": 0.0, "fail_on_dirty": False, "expected_count": None}
+        if "health" in out["preflight"]:
+            # The health verdict is the verify phase's (after the kill, when the job's Xids are in the log).
+            out["preflight"]["health"] = False
+    if "kill" in phases:
+        with refused("kill"):
+            k = out["kill"] = {**phase_params("kill", _kill.argument_spec(), p["kill"]), **scope}
+            _kill.validate(k)
+            _nvml.parse_gpu_selectors(k["gpus"])
+            _procs.compile_patterns(k["patterns"])
+            _procs.protect_list(k["protect"], k["unprotect"])
+            _kill.compile_where(k["where"])
+    if "restore" in phases:
+        with refused("restore"):
+            out["restore"] = phase_params("restore", _restore.argument_spec(), p["restore"])
+            _restore.validate(out["restore"])
+    if "residue" in phases:
+        with refused("residue"):
+            r = out["residue"] = {**phase_params("residue", _residue.argument_spec(), p["residue"]), **scope}
+            _residue.build_request(r, list)  # checks every option; the containers are looked up when it runs
+    return out
+
+
+@contextlib.contextmanager
+def refused(phase: str) -> t.Iterator[None]:
+    """A :class:`CleanSlateError` raised inside names ``phase`` (whose options were refused)."""
+    try:
+        yield
+    except CleanSlateError as exc:
+        exc.details.setdefault("phase", phase)
+        raise
+
+
+def read_ok(before: dict[str, t.Any]) -> bool:
+    """Whether the before picture read the GPUs (a failed reading carries a reason, or a diagnosis)."""
+    return "clean" in before and not before.get("failed") and "reason" not in before and "diagnosis" not in before
+
+
+def run_pre_stop(module: t.Any, commands: list[str], timeout: float, containers: list[int], check_mode: bool) -> list[dict[str, t.Any]]:
+    """Run each pre-stop command (inside the container in container scope, else on this host), stopping at the first failure.
+
+    Each result is what ansible.builtin.command (on the host) or pct_exec (in the container) returns, with
+    ``item`` the command; a failed one has ``failed: true``.
+    """
+    results: list[dict[str, t.Any]] = []
+    for command in commands:
+        if containers:
+            params = {
+                "vmid": containers[0],
+                "argv": None,
+                "command": command,
+                "chdir": None,
+                "env": {},
+                "stdin": None,
+                "stdin_add_newline": True,
+                "timeout": max(1, int(timeout)),
+                "kill_after": 5,
+                "keep_env": False,
+                "creates": None,
+                "removes": None,
+                "pct_path": module.params["pct_path"],
+                "node": None,
+            }
+            result = _module.outcome(Phase(module, params, check_mode), _pct.execute, "pct_exec", details=lambda reason: {"vmid": containers[0]})
+            if not result.get("failed") and result.get("rc") not in (None, 0):
+                result.update(failed=True, reason=_reasons.COMMAND_FAILED)
+        elif check_mode:
+            result = {"changed": False, "skipped": True, "msg": "check mode: the command would run", "cmd": command}
+        else:
+            result = run_local(module, command, timeout)
+        result["item"] = command
+        results.append(result)
+        if result.get("failed"):
+            break
+    return results
+
+
+#: Exit codes of coreutils ``timeout``: 124 after SIGTERM, 128+9 after the SIGKILL of ``-k``.
+TIMED_OUT = (124, 137)
+
+
+def run_local(module: t.Any, command: str, timeout: float) -> dict[str, t.Any]:
+    """One pre-stop command on this host, split as ansible.builtin.command splits ``cmd`` (no shell, nothing
+    expanded), under coreutils ``timeout`` (SIGTERM at the timeout, SIGKILL 5 s later), through the module's
+    ``run_command``."""
+    argv = shlex.split(command)
+    wrapper = module.get_bin_path("timeout")
+    cmd = [wrapper, "-k", "5", f"{timeout:g}", *argv] if wrapper else argv
+    started = time.monotonic()
+    try:
+        rc, out, err = module.run_command(cmd, expand_user_and_vars=False, handle_exceptions=False)
+    except OSError as exc:
+        return {"changed": False, "failed": True, "reason": _reasons.COMMAND_FAILED, "cmd": argv, "rc": 2, "stdout": "", "stderr": str(exc), "msg": str(exc)}
+    elapsed = time.monotonic() - started
+    result = {"changed": True, "cmd": argv, "rc": rc, "stdout": out.rstrip("\n"), "stderr": err.rstrip("\n"), "delta_s": round(elapsed, 3), "msg": ""}
+    if wrapper and rc in TIMED_OUT and elapsed >= timeout:
+        result.update(
+            failed=True,
+            reason=_reasons.TIMEOUT,
+            stderr=f"the command did not end within {timeout:g} s (clean_slate_pre_stop_timeout) and was killed",
+            msg=f"the command did not end within {timeout:g} s",
+        )
+    elif rc != 0:
+        result.update(failed=True, reason=_reasons.COMMAND_FAILED, msg="non-zero return code")
+    return result
+
+
+def verify_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
+    nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
+    return _module.outcome(Phase(module, params, module.check_mode), _verify.run, "gpu_mem_verify", libraries=[nvml], details=_verify.failure_details)
+
+
+def kill_phase(module: t.Any, params: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
+    phase = Phase(module, params, check_mode)
+    body = _kill.ModuleRun(_pct.scopes_of(phase))
+    psutil = _module.Library("psutil", _signals.HAS_PSUTIL)
+    return _module.outcome(phase, body, "gpu_procs_kill", libraries=[psutil], details=body.details)
+
+
+def residue_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
+    phase = Phase(module, params, module.check_mode)
+    body = _residue.ModuleRun(_pct.scopes_of(phase))
+    return _module.outcome(phase, body, "gpu_job_residue", details=body.details)
+
+
+def restore_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
+    nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
+    return _module.outcome(Phase(module, params, module.check_mode), _restore.run, "gpu_mode_restore", libraries=[nvml])
+
+
+class Stop(Exception):
+    """The run stops at a phase: its name and the result that stopped it."""
+
+    def __init__(self, phase: str, result: dict[str, t.Any]) -> None:
+        super().__init__(phase)
+        self.phase = phase
+        self.result = result
+
+
+def run(module: t.Any) -> dict[str, t.Any]:
+    """The clean_slate_node module: the selected phases in order, stopping at the first failure."""
+    start = time.monotonic()
+    started = datetime.datetime.now()
+    p = module.params
+    phases = selected_phases(p)
+    params = selected_params(p)
+    out: dict[str, t.Any] = {"changed": False, "phases": phases, "python": _verify.python_facts()}
+    try:
+        steps(module, p, phases, params, out)
+    except Stop as stop:
+        failure = stop.result
+        why = failure.get("reason")  # every phase's failure carries its reason (the modules' one failure shape)
+        out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase=stop.phase)
+        out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue", "restore")) or bool(out.get("pre_stop"))
+        raise CleanSlateError(failure.get("msg", ""), reason=why or _reasons.INTERNAL_ERROR, **out) from None
+    out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase="done")
+    out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue", "restore")) or any(r.get("changed") for r in out.get("pre_stop", []))
+    diffs = [out[n]["diff"] for n in ("kill", "residue", "restore") if isinstance(out.get(n), dict) and "diff" in out[n]]
+    if diffs:
+        out["diff"] = diffs
+    out["msg"] = "; ".join(f"{n}: {out[n]['msg']}" for n in ("before", "kill", "residue", "restore", "verify") if out.get(n, {}).get("msg"))
+    return out
+
+
+def steps(module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: dict[str, dict[str, t.Any]], out: dict[str, t.Any]) -> None:
+    """Run the phases into ``out``; raises :class:`Stop` at the first that fails."""
+    allow_name_only = "kill" in phases and params["kill"]["allow_name_only"]
+    if "preflight" in phases:
+        before = out["before"] = verify_phase(module, params["preflight"])
+        if before.get("failed"):
+            unreadable = before.get("reason", before.get("diagnosis")) in UNREADABLE
+            if not (allow_name_only and unreadable):
+                raise Stop("preflight", before)
+            # A name-only kill goes on: the reading's failure is on record, not the run's.
+            before["failed"] = False
+    if "kill" in phases:
+        if not allow_name_only and not read_ok(out.get("before", {})):
+            guard = out["guard"] = {
+                "failed": True,
+                "reason": _reasons.GPUS_NOT_READ,
+                "msg": "the kill was refused because the GPUs were not read first (the preflight phase did not run: --skip-tags left out"
+                " clean_slate_preflight). Run the role without skipping clean_slate_preflight, or set clean_slate_allow_name_only: true to end"
+                " processes by name and device files only. Nothing was signalled.",
+            }
+            raise Stop("kill", guard)
+        if p["pre_stop"]:
+            plan = out["plan"] = kill_phase(module, params["kill"], True)
+            if plan.get("failed"):
+                raise Stop("pre_stop", plan)
+            if plan.get("targets"):
+                ran = out["pre_stop"] = run_pre_stop(module, p["pre_stop"], p["pre_stop_timeout"], p["containers"], module.check_mode)
+                if ran and ran[-1].get("failed"):
+                    raise Stop("pre_stop", ran[-1])
+        kill = out["kill"] = kill_phase(module, params["kill"], module.check_mode)
+        if kill.get("failed"):
+            raise Stop("kill", kill)
+    if "residue" in phases:
+        residue = out["residue"] = residue_phase(module, params["residue"])
+        if residue.get("failed"):
+            raise Stop("residue", residue)
+    if "restore" in phases:
+        restore = out["restore"] = restore_phase(module, params["restore"])
+        if restore.get("failed"):
+            if not module.check_mode:
+                raise Stop("restore", restore)
+            # In check mode nothing was ended, so a GPU still in use is the expected picture, not a failure.
+            restore["failed"] = False
+    if "verify" in phases:
+        verify = out["verify"] = verify_phase(module, params["verify"])
+        if verify.get("failed"):
+            raise Stop("verify", verify)
