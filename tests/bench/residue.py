@@ -146,7 +146,7 @@ def main() -> int:
     labels = {
         "logic": "module logic in-process (`_residue.run`): judge 10 000, remove 9 000",
         "check": "the same in check mode (judge only, list what would go)",
-        "scan": "the pass over /proc alone (fds, maps of every process; a thread per CPU, at most 8)",
+        "scan": "the pass over /proc alone (fds, maps of every process; two threads)",
         "bare": "its floor: the same reads in a bare loop, one thread, no matching",
         "ansible": "through Ansible: the module's own `elapsed_s`",
         "task": "through Ansible: the whole task (ansible-playbook start-up included)",
@@ -181,7 +181,7 @@ Python shared memory and semaphores): {FILES - HELD} orphans and {HELD} mapped b
 - {summary}.
 - Where the time goes: the pass over /proc reads, for every process, its fd directory (one readlink
   per fd; a stat only for an fd whose name is a candidate's) and its maps (searched for the
-  candidates' device first), in a thread per CPU (at most 8); its cost grows with the number of processes and is
+  candidates' device first), in two threads; its cost grows with the number of processes and is
   almost all kernel work: the bare loop doing only those reads is its floor. The rest
   grows with the number of files: one directory listing, then per orphan one `fstatat` (the check
   right before the unlink) and one `unlink`. The CPU column counts every thread.
