@@ -247,7 +247,7 @@ def _kept(path):
     out = []
     for cand in (os.path.abspath(__file__), sys.executable, os.getcwd()):
         if cand.startswith(path.rstrip("/") + "/"):
-            top = os.path.join(path, os.path.relpath(cand, path).split(os.sep)[0])
+            top = os.path.join(path, os.path.relpath(cand, path).split(os.sep, maxsplit=1)[0])
             if os.path.isdir(top) and top not in out:
                 out.append(top)
     return out
