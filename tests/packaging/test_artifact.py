@@ -50,8 +50,11 @@ def test_ansible_doc_renders_from_the_installed_artifact(installed: Path, tmp_pa
     env = isolated_env(installed, tmp_path)
     for args, words in (
         (["ansible-doc", "gpuops.clean_slate.gpu_procs_kill"], "Finds every process holding the selected GPUs"),
-        (["ansible-doc", "gpuops.clean_slate.gpu_mem_verify"], "Polls NVML in-process until every selected GPU is clean"),
+        (["ansible-doc", "gpuops.clean_slate.gpu_mem_verify"], "Polls NVML until every selected GPU is clean"),
         (["ansible-doc", "gpuops.clean_slate.pct_exec"], "executes a command inside one of that node's LXC containers"),
+        (["ansible-doc", "gpuops.clean_slate.clean_slate_node"], "Runs the phases of a clean slate on one host, in one remote execution"),
+        (["ansible-doc", "gpuops.clean_slate.gpu_mode_restore"], "makes the next job fail with"),
+        (["ansible-doc", "gpuops.clean_slate.gpu_job_residue"], "Finds the residue a killed SGLang, vLLM, NCCL, torch or Ray job leaves"),
         (["ansible-doc", "-t", "inventory", "gpuops.clean_slate.proxmox"], "finds the guests that use a GPU"),
         (["ansible-doc", "-t", "role", "gpuops.clean_slate.clean_slate"], "Give GPU nodes and LXC guests a verified clean slate"),
         (
