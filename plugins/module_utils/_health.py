@@ -39,7 +39,7 @@ import stat
 import time
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _reasons
 
 try:
     import pynvml
@@ -162,16 +162,8 @@ RECOVERY_VERDICTS = {
     "bus_reset": RESET_GPU,
     "system_reboot": REBOOT,
 }
-RECOVERY_NAMES = {
-    0: "none",
-    1: "gpu_reset",
-    2: "node_reboot",
-    3: "drain_p2p",
-    4: "drain_and_reset",
-    5: "recover_imex_domain",
-    6: "bus_reset",
-    7: "system_reboot",
-}
+# NVML's recovery action codes by name: one table, _nvml's (the verify module reads the same field).
+RECOVERY_NAMES = _nvml.RECOVERY_ACTIONS
 _XID154_BUCKETS = {"none": "IGNORE", "gpu_reset": "RESET_GPU", "node_reboot": "RESTART_BM", "drain_p2p": "DRAIN_P2P", "drain_and_reset": "DRAIN_P2P"}
 
 
