@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -204,6 +205,13 @@ def test_an_ordinary_user_may_signal_only_its_own_processes(tmp_path: Path) -> N
     python = shutil.which("python3", path="/usr/bin:/bin")
     if os.geteuid() != 0 or not python or not shutil.which("setpriv"):
         pytest.fail("needs root, setpriv and a python3 every user can run in /usr/bin")
+    # The checkout may not be readable by uid 65534 (CI clones into a 0700 `mktemp -d`): the user imports a
+    # world-readable copy of the collection's plugins instead.
+    readable = Path(tempfile.mkdtemp(prefix="gpuops-nobody-", dir="/tmp"))
+    readable.chmod(0o755)
+    shutil.copytree(ROOT / "plugins", readable / "ansible_collections" / "gpuops" / "clean_slate" / "plugins")
+    for folder in [readable, *[p for p in readable.rglob("*") if p.is_dir()]]:
+        folder.chmod(0o755)
     root_owned = subprocess.Popen(["sleep", "30"])
     code = (
         "import subprocess\n"
@@ -216,7 +224,7 @@ def test_an_ordinary_user_may_signal_only_its_own_processes(tmp_path: Path) -> N
         out = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", code],
             # /usr/bin/python3 is not the venv's: it finds the collection through PYTHONPATH.
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(readable)},
             capture_output=True,
             text=True,
             timeout=30,
@@ -227,6 +235,7 @@ def test_an_ordinary_user_may_signal_only_its_own_processes(tmp_path: Path) -> N
     finally:
         root_owned.kill()
         root_owned.wait()
+        shutil.rmtree(readable, ignore_errors=True)
 
 
 def test_attribution_prefers_nvml_then_maps_then_fds() -> None:
