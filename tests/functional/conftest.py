@@ -4,7 +4,10 @@ module through real ansible-playbook inside that sandbox."""
 
 from __future__ import annotations
 
+import os
+import stat
 import typing as t
+from pathlib import Path
 
 import pytest
 from gpusim import Node
@@ -27,3 +30,17 @@ def sandbox(node: Node):
 @pytest.fixture
 def mod(node: Node, sandbox) -> ModuleRunner:
     return ModuleRunner(node, sandbox)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let other users traverse the checkout (not list it), as a checkout under a 0755 directory already does.
+
+    Tests run modules as uid 65534 (test_nonroot, the unprivileged container of test_realism) with the venv's
+    interpreter inside the checkout; a clone into `mktemp -d` (mode 0700, as CI makes it) would hide it from
+    them. Only the checkout's own directory gets o+x, and only when it lacks it; nothing is listed or readable
+    that was not before below it.
+    """
+    root = Path(__file__).resolve().parents[2]
+    mode = root.stat().st_mode
+    if not mode & stat.S_IXOTH:
+        os.chmod(root, stat.S_IMODE(mode) | stat.S_IXOTH)
