@@ -65,6 +65,7 @@ options:
       - /tmp/????????-????-????-????-????????????
       - /tmp/*-????????-????-????-????-????????????
       - /tmp/ray/session_*/sockets/*
+      - /tmp/torch-shm-dir-*/manager.sock
   locks:
     description:
       - Absolute path globs of lock files of JIT compile caches; C(**) matches any number of directories (at most 16).
@@ -89,10 +90,11 @@ options:
       - Absolute path globs of per-run directories, removed with everything in them when nothing in them is held
         and O(remove) contains V(dirs). The last component must contain literal characters, and C(**) is not
         allowed.
-      - The default matches torchelastic's C(/tmp/torchelastic_*) (which also holds that run's logs).
+      - The defaults match torchelastic's C(/tmp/torchelastic_*) (which also holds that run's logs) and
+        torch_shm_manager's C(/tmp/torch-shm-dir-*) (whose C(manager.sock) O(sockets) matches).
     type: list
     elements: str
-    default: [/tmp/torchelastic_*]
+    default: [/tmp/torchelastic_*, /tmp/torch-shm-dir-*]
   remove:
     description:
       - The kinds of orphaned items to remove. Orphaned items of other kinds are reported as RV(stale).

@@ -128,6 +128,48 @@ def test_holders_are_found_by_inode_whatever_the_path(tree: Path, hold) -> None:
     assert all(Path(p).exists() for p in held)
 
 
+def torch_shm_manager_residue(tmp: Path) -> tuple[Path, Path]:
+    """What torch_shm_manager leaves when it is killed: a socket in ``mkdtemp(prefix="torch-shm-dir-")``."""
+    d = Path(tempfile.mkdtemp(prefix="torch-shm-dir-", dir=tmp))
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(d / "manager.sock"))
+    s.close()  # closed without unlink: the file stays, as when the manager is SIGKILLed
+    return d, d / "manager.sock"
+
+
+def default_globs(kind: str, tmp: Path) -> list[_residue.Glob]:
+    """The module's own defaults for /tmp, moved under a test-owned directory."""
+    defaults = {"sockets": _residue.DEFAULT_SOCKETS, "dirs": _residue.DEFAULT_DIRS}[kind]
+    return [_residue.parse_glob(kind, g.replace("/tmp/", f"{tmp}/", 1)) for g in defaults if g.startswith("/tmp/")]
+
+
+@pytest.mark.parametrize("remove", [set(_residue.DEFAULT_REMOVE), {"sockets", "dirs"}])
+def test_the_defaults_find_torch_shm_managers_socket_and_directory(short_tmp: Path, remove: set[str]) -> None:
+    d, sock = torch_shm_manager_residue(short_tmp)
+    req = _residue.Request(globs=default_globs("sockets", short_tmp) + default_globs("dirs", short_tmp), remove=remove)
+    r = _residue.run(req, check_mode=False)
+    assert not sock.exists()
+    assert [x["path"] for x in r["removed"] if x["kind"] == "sockets"] == [str(sock)]
+    if "dirs" in remove:
+        # Both globs matched in one run: the socket goes by its own glob, then the directory, found without it.
+        assert not d.exists()
+        assert [x["path"] for x in r["removed"] if x["kind"] == "dirs"] == [str(d)]
+    else:
+        assert d.is_dir() and [x["path"] for x in r["stale"]] == [str(d)]
+    assert _residue.run(req, check_mode=False)["changed"] is False
+
+
+def test_a_directory_with_a_socket_a_live_process_is_bound_to_is_held(short_tmp: Path, hold) -> None:
+    """A bound socket holds no fd on its file: only the unix tables tell, for a directory glob alone too."""
+    d = Path(tempfile.mkdtemp(prefix="torch-shm-dir-", dir=short_tmp))
+    manager = hold("bind", d / "manager.sock")
+    req = _residue.Request(globs=default_globs("dirs", short_tmp), remove={"dirs"})
+    r = _residue.run(req, check_mode=False)
+    assert (d / "manager.sock").exists()
+    assert [(x["path"], [h["pid"] for h in x["holders"]], x["holders"][0]["how"]) for x in r["held"]] == [(str(d), [manager.pid], ["bound"])]
+    assert r["removed"] == []
+
+
 def test_a_file_replaced_after_the_judgement_is_left_alone(tree: Path) -> None:
     notes: list[str] = []
     roots = _residue.open_roots([])
