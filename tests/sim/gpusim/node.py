@@ -515,9 +515,10 @@ class Node:
         it (the state directory is private): workers spawned by the CLI,
         grandchildren, NVML clients. Never ourselves or our ancestors."""
         mine = ancestors(os.getpid())
-        prefixes = [str(self.dev_dir) + "/"] + ([str(self.published) + "/nvidia"] if self.published else [])
+        # This node's own files (the published names are bind mounts of them: the same inodes).
+        files = [str(f) for f in self.dev_dir.iterdir()] if self.dev_dir.is_dir() else []
         for _unused in range(3):
-            pids = set().union(*(holders(p) for p in prefixes)) - mine
+            pids = holders(files) - mine
             if not pids:
                 return
             handles = [PidHandle(p) for p in pids]

@@ -115,22 +115,51 @@ def find_in_namespace(ns_inode: int, ns_pid: int, candidates: Iterable[int] | No
     return None
 
 
-def holders(prefix: str) -> set[int]:
-    """Processes with an fd open on, or a mapping of, a file under `prefix`."""
+def holders(files: Iterable[str | os.PathLike[str]]) -> set[int]:
+    """Processes with an fd open on, or a mapping of, one of ``files``, matched by device and inode.
+
+    Never by path: seen from the machine's initial PID namespace (the host gate), a process of
+    another checkout's test run shows its own node's files under names such as ``/dev/nvidia0``
+    (published in its mount namespace) or ``/tmp/.../dev/nvidia0``, and a path match found them
+    and the node's cleanup SIGKILLed them: a `make test` beside another one lost its workers.
+    Only names that look like device files (``nvidia*``) are stat'ed, so a hung file system of
+    someone else's is never touched.
+    """
+    keys: set[tuple[int, int]] = set()
+    names: set[str] = set()
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        keys.add((st.st_dev, st.st_ino))
+        names.add(os.path.basename(f))
     found: set[int] = set()
+    if not keys:
+        return found
     for pid in all_pids():
         try:
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 try:
-                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
-                        found.add(pid)
-                        break
+                    if os.path.basename(os.readlink(f"/proc/{pid}/fd/{fd}")) not in names:
+                        continue
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
                 except OSError:
                     continue
-            if pid not in found:
-                with open(f"/proc/{pid}/maps") as f:
-                    if prefix in f.read():
+                if (st.st_dev, st.st_ino) in keys:
+                    found.add(pid)
+                    break
+            if pid in found:
+                continue
+            with open(f"/proc/{pid}/maps") as fh:
+                for line in fh:
+                    parts = line.split(None, 5)
+                    if len(parts) < 6 or os.path.basename(parts[5].rstrip("\n")) not in names:
+                        continue
+                    major, minor = (int(x, 16) for x in parts[3].split(":"))
+                    if (os.makedev(major, minor), int(parts[4])) in keys:
                         found.add(pid)
+                        break
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
     return found
