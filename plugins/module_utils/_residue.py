@@ -893,8 +893,8 @@ def run(req: Request, check_mode: bool) -> dict[str, t.Any]:
     roots = open_roots(req.scopes)
     walkers: list[Walker] = []
     # A full /dev/shm makes tens of thousands of small objects and no reference cycles: the cyclic collector
-    # would run a few dozen times, each time over the whole heap (Ansible's modules included), for nothing:
-    # 10-40 ms of a 0.3 s run (tests/bench/residue.py).
+    # would run a few dozen times, the older generations over the whole heap (Ansible's modules included), for
+    # nothing: 10-40 ms of a 0.3 s run (tests/bench/residue.py).
     collecting = gc.isenabled()
     gc.disable()
     try:
