@@ -157,14 +157,18 @@ def test_fetch_all_logs_in_once_for_password_auth():
 
 
 def test_make_unsafe_keeps_values_equal_and_never_templated():
-    value = {"a": ["{{ marker }}", "{% if true %}X{% endif %}"], "b": 1, "c": {"d": "{{ marker }}"}}
-    marked = px.make_unsafe(value)
-    assert marked == value
+    text = {"a": ["{{ marker }}", "{% if true %}X{% endif %}"], "b": 1, "c": {"d": "{{ marker }}"}}
+    # The strings carry Ansible's template trust, as strings parsed from a trusted source do: without the
+    # marking they would be evaluated (ansible-core >= 2.19 templates only trusted strings, so untrusted
+    # input would prove nothing).
+    value = {"a": [trust_as_template(x) for x in text["a"]], "b": 1, "c": {"d": trust_as_template("{{ marker }}")}}
     templar = Templar(loader=DataLoader(), variables={"marker": "EVALUATED"})
-    # Control: the same text, trusted as a template, is evaluated (so the check below can fail)...
-    assert templar.template(trust_as_template("{{ marker }}")) == "EVALUATED"
+    # Control: unmarked, they are evaluated (so the check below can fail)...
+    assert templar.template(value) == {"a": ["EVALUATED", "X"], "b": 1, "c": {"d": "EVALUATED"}}
+    marked = px.make_unsafe(value)
+    assert marked == text
     # ...while what the inventory marks stays text, however deep it sits.
-    assert templar.template(marked) == value
+    assert templar.template(marked) == text
 
 
 def test_the_committed_fallback_certificate_still_serves_verified_tls(monkeypatch):
