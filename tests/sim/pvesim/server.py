@@ -250,13 +250,21 @@ class PveSim:
             self._requests.append((method, raw_path))
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
-        try:
-            self._respond(h, method, raw_path)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
+        left = False
 
-    def _respond(self, h: _Handler, method: str, raw_path: str) -> None:
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                with self._lock:
+                    self._in_flight -= 1
+
+        try:
+            self._respond(h, method, raw_path, leave)
+        finally:
+            leave()
+
+    def _respond(self, h: _Handler, method: str, raw_path: str, leave: Callable[[], None]) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
         if self._parallel is not None:
@@ -271,6 +279,10 @@ class PveSim:
         if status == 401 and self.auth_fail_delay:
             time.sleep(self.auth_fail_delay)
         data = payload if isinstance(payload, bytes) else b""
+        # The request stops counting as in flight before its answer is written: once the client has the
+        # answer it may send its next request, which this thread would otherwise still count (a client
+        # with 3 workers was seen with 4 in flight on a loaded machine).
+        leave()
         try:
             h.send_response(status, reason)
             h.send_header("Cache-Control", "max-age=0")

@@ -140,11 +140,13 @@ def test_cached_paths_make_no_request_and_uncached_ones_do(sim):
 
 def test_fetch_all_bounds_concurrency_and_returns_errors_per_path():
     desc = load_cluster("gpu3")
-    with PveSim(desc, latency_ms=60) as s:
+    # Each answer takes 250 ms, so that requests overlap even when a loaded machine is slow to schedule the
+    # second thread (with 60 ms, a run beside another test suite once saw one request at a time).
+    with PveSim(desc, latency_ms=250) as s:
         paths = [f"/nodes/pve1/lxc/{v}/config" for v in (101, 102, 103, 104, 105, 106, 108, 109)] + ["/nodes/pve3/lxc/301/config"]
         answers = px.fetch_all(client_for(s), paths, max_workers=3)
-        assert 1 < s.max_in_flight <= 3
-        assert s.request_count == len(paths)
+        assert 1 < s.max_in_flight <= 3, s.max_in_flight
+        assert s.request_count == len(paths), s.requests
     assert isinstance(answers["/nodes/pve3/lxc/301/config"], px.ProxmoxApiError)
     assert answers["/nodes/pve1/lxc/102/config"]["hostname"] == "train-b"
 
