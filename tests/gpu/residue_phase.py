@@ -206,10 +206,12 @@ def run(h: t.Any) -> dict[str, t.Any]:
         shm_globs = [f"/dev/shm/torch_{pid}_*" for pid in pids]
         extra = {
             "clean_slate_residue_shm": shm_globs,
-            "clean_slate_residue_sockets": [str(base / "tmp????????")],
+            # The role's default socket globs for SGLang and torch_shm_manager, under this job's TMPDIR.
+            "clean_slate_residue_sockets": [str(base / "tmp????????"), str(base / "torch-shm-dir-*" / "manager.sock")],
             "clean_slate_residue_locks": [str(base / "cache" / "torch_extensions" / "**" / "lock"), str(base / "cache" / "flashinfer" / "**" / "*.lock")],
             # torch_shm_manager's directory ($TMPDIR/torch-shm-dir-XXXXXX, holding its manager.sock), left when
-            # the manager is killed with the job: the H200 run found it; the role's default globs miss it.
+            # the manager is killed with the job: the first H200 run found it; the role's defaults now match it
+            # (its socket in clean_slate_residue_sockets, the directory in clean_slate_residue_dirs), as here.
             "clean_slate_residue_dirs": [str(base / "torchelastic_*"), str(base / "torch-shm-dir-*")],
             "clean_slate_residue_remove": ["shm", "sockets", "locks", "dirs"],
             "clean_slate_residue_ports": [port],
@@ -218,7 +220,9 @@ def run(h: t.Any) -> dict[str, t.Any]:
         rc, wall, records, text = a.run(a.playbook_path(), extra_vars=extra)
         out["playbook_s"] = round(wall, 2)
         h.check("residue: the clean_slate playbook succeeds", rc == 0, text)
+        # The role runs the phase inside gpuops.clean_slate.clean_slate_node (issue 13): its result is under "residue".
         res = [r for r in records if r.get("action", "").endswith("gpu_job_residue")]
+        res += [{"result": r["result"]["residue"]} for r in records if r.get("action", "").endswith("clean_slate_node") and "residue" in r.get("result", {})]
         if res:
             r = res[-1]["result"]
             out["module"] = {k: r.get(k) for k in ("changed", "summary", "removed", "stale", "held", "ports", "reason", "msg")}
@@ -238,6 +242,14 @@ def run(h: t.Any) -> dict[str, t.Any]:
             ),
             str(remaining["tree"]),
         )
+        h.check("residue: the role's result carries the residue phase", bool(res), str([r.get("action") for r in records]))
+        if out["shm_manager_sockets"] and res:
+            removed = {x.get("path") for x in (res[-1]["result"].get("removed") or []) if x.get("kind") == "sockets"}
+            h.check(
+                "residue: torch_shm_manager's socket was removed by the socket glob (the role's default shape)",
+                set(out["shm_manager_sockets"]) <= removed,
+                f"{out['shm_manager_sockets']} vs {sorted(removed)}",
+            )
         h.check("residue: everything outside the job's files is untouched", set(before["shm"]) <= set(now["shm"]) and set(before["tmp"]) <= set(now["tmp"]))
         # The same job now starts and runs to its end.
         t2 = time.monotonic()
