@@ -40,7 +40,7 @@ from typing import Any
 
 from bench.kill_verify import build, run_pipeline, survivors
 from gpusim import Node
-from support.ansible import VENV_PYTHON, AnsibleRun, local_inventory, run_playbook, write_docs_section
+from support.ansible import VENV_PYTHON, AnsibleRun, is_node_run, local_inventory, run_playbook, write_docs_section
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -78,7 +78,12 @@ def module_runs(run: AnsibleRun) -> dict[str, int]:
     """gpuops module executions per inventory host (a delegated one counts for its host)."""
     counts: Counter[str] = Counter()
     for r in run.results:
-        if r["action"].startswith("gpuops.clean_slate.") and r["status"] in ("ok", "failed", "changed"):
+        # The role's clean_slate_host steps run on the controller; its clean step runs clean_slate_node once (is_node_run).
+        if (
+            r["action"].startswith("gpuops.clean_slate.")
+            and r["status"] in ("ok", "failed", "changed")
+            and (is_node_run(r) or not r["action"].endswith("clean_slate_host"))
+        ):
             counts[r["host"]] += 1
     return dict(counts)
 
@@ -93,7 +98,7 @@ def phases(records: list[dict[str, Any]], host: str) -> dict[str, Any]:
     for r in records:
         if r.get("host") != host or r.get("status") == "skipped":
             continue
-        if r.get("action") == "gpuops.clean_slate.clean_slate_node":
+        if is_node_run(r):
             out.update({k: v for k, v in r["result"].items() if k in ("before", "kill", "residue", "verify")})
         for name, phase in OLD_TASKS.items():
             if r.get("task", "").endswith(" : " + name):

@@ -137,4 +137,5 @@ def test_the_pre_stop_plan_is_the_kills_own(two_nodes, tmp_path: Path) -> None:
     assert planned == ended and {c.split()[0] for _p, c in ended} == {"custom-job::worker0", "custom-job::launcher"}, (planned, ended)
     assert not worker.alive()
     # One module run for every phase, the pre-stop plan and commands included.
-    assert [r["action"] for r in run.results if r["action"].startswith("gpuops.") and r["status"] != "skipped"] == ["gpuops.clean_slate.clean_slate_node"]
+    assert len(run.node_runs()) == 1 and [r["result"]["phases"] for r in run.node_runs()] == [["preflight", "kill", "residue", "verify"]]
+    assert [r["action"] for r in run.results if r["action"].startswith("gpuops.") and r["status"] != "skipped"] == ["gpuops.clean_slate.clean_slate_host"] * 2

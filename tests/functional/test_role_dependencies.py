@@ -148,7 +148,7 @@ def test_a_python3_without_ensurepip_gets_python3_venv_from_the_package_manager(
     wrapper = [*sb.nsenter_prefix(), "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", hide, "sh"]
     result = run_playbook(plays, inventory=inv, env=n.env(), wrapper=wrapper)
     assert result.rc == 2, result.output
-    probe = json.loads(result.task("Look for the modules' virtual environment", host="no-ensurepip")["result"]["stdout"])
+    probe = json.loads(result.task("Clean the GPUs", host="no-ensurepip")["result"]["clean_slate"]["venv_probe"]["stdout"])
     assert probe["ensurepip"] is False and probe["venv"] == "absent", probe
     package = result.task("Install python3-venv, which python3 -m venv needs", host="no-ensurepip")
     assert package["status"] == "ok" and package["result"]["changed"] is False, package  # installed here: apt did nothing
@@ -186,12 +186,12 @@ def test_bad_dependency_variables_are_refused_before_anything_runs(node, tmp_pat
     hosts = {"bad": deps_vars(n, tmp_path, clean_slate_venv_dir="opt/venv", clean_slate_wheels_dir=str(tmp_path / "no-wheels"))}
     result = run(n, sb, tmp_path, hosts)
     assert result.rc == 2, result.output
-    msg = result.task("Check the role variables", host="bad")["result"]["msg"]
+    msg = result.task("Fail the host when its GPUs are not proven clean", host="bad")["result"]["msg"]
     assert 'clean_slate_venv_dir must be an absolute path on the host where the modules run, got "opt/venv".' in msg, msg
     assert f'clean_slate_wheels_dir must be a directory on the controller holding the wheels to install, got "{tmp_path / "no-wheels"}"' in msg
     # Nothing reached the host: no module of the collection, no command, copy or package install.
     touched = {"ansible.builtin.command", "ansible.builtin.copy", "ansible.builtin.package"}
-    assert not [r["task"] for r in result.results if r["status"] != "skipped" and (r["action"].startswith("gpuops.") or r["action"] in touched)]
+    assert not result.node_runs() and not [r["task"] for r in result.results if r["status"] != "skipped" and r["action"] in touched]
     assert artifacts(result)["bad"]["reason"] == "bad_variable"
     assert worker.alive()
 

@@ -30,7 +30,7 @@ import yaml
 from gpusim import Node
 from prometheus_client.parser import text_string_to_metric_families
 from pvesim import PveSim, load_cluster
-from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, local_inventory, local_play, run_playbook
+from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, is_node_run, local_inventory, local_play, run_playbook
 from support.proxmox import CLUSTER_SOURCE
 
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
@@ -98,9 +98,9 @@ def gpuops_tasks(run: AnsibleRun, host: str | None = None) -> list[str]:
     out: list[str] = []
     for r in run.results:
         if r["action"].startswith("gpuops.") and r["status"] != "skipped" and host in (None, r["host"]):
-            if r["action"] == "gpuops.clean_slate.clean_slate_node":
+            if is_node_run(r):
                 out += [phase for key, phase in PHASE_KEYS if key in r["result"]]
-            else:
+            elif not r["action"].endswith("clean_slate_host"):  # the role's own steps run no phase themselves
                 out.append(r["task"].split(" : ")[-1])
     return out
 

@@ -90,7 +90,7 @@ def test_the_residue_of_the_killed_job_goes_and_the_port_is_free(site, tmp_path:
     assert run.rc == 0, run.output
     again = run.phase("residue")
     assert again["changed"] is False and again["summary"]["removed"] == 0
-    assert [r["result"]["phases"] for r in run.by_action("clean_slate_node")] == [["residue", "verify"]]
+    assert [r["result"]["phases"] for r in run.node_runs()] == [["residue", "verify"]]
     assert "kill" not in run.task("Clean the GPUs")["result"]
 
 

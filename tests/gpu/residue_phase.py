@@ -222,7 +222,11 @@ def run(h: t.Any) -> dict[str, t.Any]:
         h.check("residue: the clean_slate playbook succeeds", rc == 0, text)
         # The role runs the phase inside gpuops.clean_slate.clean_slate_node (issue 13): its result is under "residue".
         res = [r for r in records if r.get("action", "").endswith("gpu_job_residue")]
-        res += [{"result": r["result"]["residue"]} for r in records if r.get("action", "").endswith("clean_slate_node") and "residue" in r.get("result", {})]
+        res += [
+            {"result": r["result"]["residue"]}
+            for r in records
+            if r.get("action", "").endswith(("clean_slate_node", "clean_slate_host")) and "residue" in r.get("result", {})
+        ]
         if res:
             r = res[-1]["result"]
             out["module"] = {k: r.get(k) for k in ("changed", "summary", "removed", "stale", "held", "ports", "reason", "msg")}

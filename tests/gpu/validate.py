@@ -503,6 +503,10 @@ def executions(records: list[dict[str, t.Any]]) -> dict[str, t.Any]:
         host = out.setdefault(r["host"], {"tasks_run": 0, "module_executions": 0, "modules": []})
         host["tasks_run"] += 1
         action = r.get("action", "").rsplit(".", 1)[-1]
+        # The role's clean_slate_host runs on the controller, its clean step runs clean_slate_node once (it then says
+        # whether that failed: module_failed).
+        if action == "clean_slate_host" and "module_failed" not in (r.get("result") or {}):
+            continue
         if action not in CONTROLLER_ACTIONS:
             host["module_executions"] += 1
             host["modules"].append(r.get("action"))

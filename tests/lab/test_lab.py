@@ -189,7 +189,7 @@ def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_n
         assert node.venv is not None and node.address is not None
         sharing = [node.name] + [c.name for c in lab.containers if c.node is node and c.reach == "hypervisor"]
         for name in sharing:
-            probe = json.loads(first.task("Look for the modules' virtual environment", host=name)["result"]["stdout"])
+            probe = json.loads(first.task("Clean the GPUs", host=name)["result"]["clean_slate"]["venv_probe"]["stdout"])
             assert (probe["python"], probe["venv"], probe["ensurepip"]) == (SYSTEM_PYTHON, "absent", True), probe
             before = first.task("Clean the GPUs", host=name)["result"]["before"]
             assert before["python"]["missing"] == ["nvidia-ml-py", "psutil", "jmespath"], before["python"]
@@ -392,7 +392,7 @@ def test_mixed_run_one_green_one_unreadable_one_unreachable(fresh: Lab, tmp_path
     assert json.loads((reports / "pve1.json").read_text())["clean"] is True
     assert run.task("Clean the GPUs", host="ct101")["status"] == "unreachable"
     # Nothing was ended on the hosts that failed before their kill.
-    assert not [r["host"] for r in run.by_action("clean_slate_node") if r["host"] != "pve1" and "kill" in r["result"]]
+    assert not [r["host"] for r in run.node_runs() if r["host"] != "pve1" and "kill" in r["result"]]
     for name, before in untouched.items():
         assert_untouched(lab, name, before)
     # Metrics written over SSH by the hypervisors; none for the host nobody reached.
@@ -431,7 +431,7 @@ def test_orphaned_gpu_memory_fails_that_host_with_the_diagnosis(fresh: Lab) -> N
 @pytest.mark.parametrize(
     ("bad", "task", "says"),
     [
-        ({"clean_slate_verify_timeout": -1}, "Check the role variables", "clean_slate_verify_timeout must be >= 0, got -1."),
+        ({"clean_slate_verify_timeout": -1}, "Fail the host when its GPUs are not proven clean", "clean_slate_verify_timeout must be >= 0, got -1."),
         ({"clean_slate_mode": "sideways"}, "Validating arguments against arg spec", "clean_slate_mode"),
     ],
     ids=["negative-timeout", "unknown-mode"],
@@ -447,7 +447,7 @@ def test_bad_variables_fail_before_anything_runs(fresh: Lab, bad: dict[str, t.An
     assert all(task in r["task"] for r in failed), {r["task"] for r in failed}
     assert all(says in r["result"]["msg"] for r in failed), failed[0]["result"]["msg"]
     # Nothing reached a host: no module ran, no pct call, every process and GPU as before.
-    assert not [r for r in run.results if r["action"].startswith("gpuops.")]
+    assert not run.node_runs() and not [r for r in run.results if r["action"].startswith("gpuops.") and not r["action"].endswith("clean_slate_host")]
     assert {n.name: len(lab.pct_calls(n)) for n in lab.nodes} == calls
     for name in GPU_HOSTS:
         assert_untouched(lab, name, before[name])

@@ -74,10 +74,15 @@ class AnsibleRun:
             raise AssertionError(f"task {name!r} has no result; tasks seen: {sorted({r['task'] for r in self.results})}\n{self.output}")
         return found[-1]
 
+    def node_runs(self, host: str | None = None) -> list[dict[str, Any]]:
+        """The results of every execution of gpuops.clean_slate.clean_slate_node (for ``host``): the module's own tasks,
+        and the role's clean step (gpuops.clean_slate.clean_slate_host), which returns the module's result and says whether it failed (module_failed)."""
+        return [r for r in self.results if is_node_run(r) and (host is None or r["host"] == host)]
+
     def phase(self, name: str, host: str | None = None) -> dict[str, Any]:
-        """A phase's result (before, plan, pre_stop, kill, residue, verify) in the last run of the role's
-        gpuops.clean_slate.clean_slate_node task (for ``host``): what that phase's own module returns."""
-        runs = [r for r in self.results if r["action"] == "gpuops.clean_slate.clean_slate_node" and (host is None or r["host"] == host)]
+        """A phase's result (before, plan, pre_stop, kill, residue, verify) in the last run of
+        gpuops.clean_slate.clean_slate_node (for ``host``): what that phase's own module returns."""
+        runs = self.node_runs(host)
         if not runs or name not in runs[-1]["result"]:
             raise AssertionError(f"no {name!r} phase result; clean_slate_node results: {[r['result'] for r in runs]}\n{self.output}")
         return runs[-1]["result"][name]
@@ -88,6 +93,15 @@ class AnsibleRun:
     @property
     def output(self) -> str:
         return f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
+
+
+def is_node_run(record: dict[str, Any]) -> bool:
+    """Whether a result record (ours or the GPU harness's) is an execution of gpuops.clean_slate.clean_slate_node."""
+    action = str(record.get("action", ""))
+    result = record.get("result") or {}
+    return record.get("status") != "skipped" and (
+        action.endswith("clean_slate_node") or (action.endswith("clean_slate_host") and isinstance(result, dict) and "module_failed" in result)
+    )
 
 
 def run_playbook(
