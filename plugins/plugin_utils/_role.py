@@ -105,7 +105,8 @@ def _is_list(value: t.Any) -> bool:
 def _from_yaml_list(value: str) -> t.Any:
     # As Jinja's from_yaml read it in the role (PyYAML's safe loader); text that is no YAML stays one value.
     try:
-        return yaml_load(value)
+        # A plain str: PyYAML's C loader refuses Ansible's tagged strings (variables carry their origin).
+        return yaml_load(value.encode("utf-8").decode("utf-8"))
     except Exception:  # noqa: BLE001 - PyYAML's errors (yaml.YAMLError and others): text that is no YAML list stays one value
         return [value]
 

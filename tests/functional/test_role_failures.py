@@ -108,7 +108,7 @@ def gpuops_tasks(run: AnsibleRun, host: str | None = None) -> list[str]:
 def assert_red(run: AnsibleRun, host: str, phase: str, reason: str, says: str, report_dir: Path | None = None) -> dict[str, Any]:
     """The host's failure is on record: summary line, set_stats entry, JSON report, one fatal error."""
     entry = artifacts(run)[host]
-    assert entry["clean"] is False and entry["phase"] == phase and entry["reason"] == reason, (host, entry)
+    assert entry["clean"] is False and entry["phase"] == phase and entry["reason"] == reason, (host, entry["msg"])
     assert says in entry["msg"], (host, entry["msg"])
     assert entry["failure"] == entry["msg"]
     line = summary(run, host)
