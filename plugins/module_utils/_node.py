@@ -57,7 +57,6 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
     _procs,
     _reasons,
     _residue,
-    _restore,
     _signals,
     _verify,
 )
@@ -160,6 +159,9 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
             _procs.protect_list(k["protect"], k["unprotect"])
             _kill.compile_where(k["where"])
     if "restore" in phases:
+        # Imported only when the (opt-in) phase runs: every module run pays for what it imports (issue 13).
+        from ansible_collections.gpuops.clean_slate.plugins.module_utils import _restore  # pylint: disable=import-outside-toplevel
+
         with refused("restore"):
             out["restore"] = phase_params("restore", _restore.argument_spec(), p["restore"])
             _restore.validate(out["restore"])
@@ -273,6 +275,8 @@ def residue_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
 
 
 def restore_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
+    from ansible_collections.gpuops.clean_slate.plugins.module_utils import _restore  # pylint: disable=import-outside-toplevel
+
     nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
     return _module.outcome(Phase(module, params, module.check_mode), _restore.run, "gpu_mode_restore", libraries=[nvml])
 
