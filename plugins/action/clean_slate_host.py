@@ -82,6 +82,9 @@ _ROLE_VARS = (
     "clean_slate_metrics_dir",
 )
 
+#: The role variables the record step reads.
+_RECORD_VARS = ("clean_slate_metrics_dir", "clean_slate_fail_on_dirty", "clean_slate_health_fail_on", "clean_slate_venv_dir")
+
 
 class ActionModule(ActionBase):
     """One step of the clean_slate role on one host (see the module's documentation)."""
@@ -207,7 +210,8 @@ class ActionModule(ActionBase):
                 run = {**run, "phase": "preflight"}  # the clean step itself broke: its error is the host's (as the preflight's)
         else:
             run = {**run, "failed": bool(run.get("module_failed"))}
-        v = self._role_vars(task_vars)
+        # Only what the record needs: each variable read costs a templating call, per host.
+        v = {name: self._var(task_vars, name) for name in _RECORD_VARS}
         mode = str(info.get("mode") or "local")
         delegate = str(info.get("delegate") or host)
         lists = info.get("lists") or {}
