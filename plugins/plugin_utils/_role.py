@@ -214,12 +214,14 @@ def targets(v: Mapping[str, t.Any], gpus: list[t.Any], mode: str, host: str, dev
     hypervisor = text(v.get("clean_slate_hypervisor") or "")
     vmid = _int(v.get("clean_slate_vmid"))
     local = mode == "local"
+    # Without a hypervisor (refused by problems()) the host itself: it is where the refusal is recorded.
+    through = mode == "hypervisor" and bool(hypervisor)
     devs = [d for d in (devices if _is_list(devices) else []) if isinstance(d, str) and _DEVICE.match(d)]
     report_dir = text(v.get("clean_slate_report_dir") or "")
     return {
         "mode": mode,
-        "delegate": hypervisor if mode == "hypervisor" else host,
-        "label": f"{hypervisor}/ct{vmid}" if mode == "hypervisor" else host,
+        "delegate": hypervisor if through else host,
+        "label": f"{hypervisor}/ct{vmid}" if through else host,
         "containers": [vmid] if mode == "hypervisor" else [],
         # In container scope the kill covers every GPU the container touches; verification covers its devices.
         "kill_gpus": gpus if local else [],

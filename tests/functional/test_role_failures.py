@@ -371,6 +371,25 @@ def test_list_variables_as_survey_strings(three_nodes, tmp_path: Path) -> None:
     assert not gpuops_tasks(run, "numbers") and not gpuops_tasks(run, "typo")
 
 
+def test_hypervisor_mode_without_a_hypervisor_is_refused_and_recorded(node, tmp_path: Path) -> None:
+    """The clean step runs on the hypervisor (delegate_to): without one it must still refuse, name the variable and
+    leave the host's record, not fail on an empty delegate_to."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    reports = tmp_path / "reports"
+    hosts = {"ct129": node_vars(n, clean_slate_mode="hypervisor", clean_slate_hypervisor="", clean_slate_vmid=129)}
+    run = run_playbook(
+        PLAYBOOK,
+        inventory=local_inventory(tmp_path / "hosts.yml", hosts),
+        env=n.env(),
+        extra_vars={"clean_slate_report_dir": str(reports)},
+        wrapper=sb.nsenter_prefix(),
+    )
+    assert run.rc == 2, run.output
+    assert_red(run, "ct129", "arguments", "bad_variable", "clean_slate_hypervisor is empty, but clean_slate_mode is hypervisor for ct129", reports)
+    assert not run.node_runs() and worker.alive()
+
+
 def test_an_unknown_gpu_from_extra_vars_names_the_variable(node, tmp_path: Path) -> None:
     n, sb = node
     worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")

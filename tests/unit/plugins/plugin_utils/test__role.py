@@ -116,6 +116,9 @@ def test_targets_local_and_through_the_hypervisor(tmp_path: Path) -> None:
         ["/dev/nvidia0", "/dev/nvidia3"],
     )
     assert _role.targets(role_vars(clean_slate_report_dir="/abs"), [], "local", "h", [], "/cwd")["report_path"] == "/abs/h.json"
+    # No hypervisor (a refused variable): the host itself, where the refusal is recorded.
+    alone = _role.targets(role_vars(clean_slate_vmid=129), [], "hypervisor", "ct129", [], "/")
+    assert (alone["delegate"], alone["label"], alone["containers"]) == ("ct129", "ct129", [129])
 
 
 def test_node_args_in_check_mode_wait_for_nothing_and_fail_on_nothing() -> None:
