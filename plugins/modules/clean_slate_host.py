@@ -20,7 +20,7 @@ description:
   - V(clean) refuses bad role variables (nothing runs on the host then), looks for the modules' virtual environment when
     C(clean_slate_install_dependencies) is true, and runs M(gpuops.clean_slate.clean_slate_node) once on the host the
     task runs on, for the phases that C(--tags) and C(--skip-tags) select. It returns that module's result, but does not
-    fail the task when the module failed (RV(module_failed)): the role fails the host once, after the record.
+    fail the task when the module failed (RV(module_failed)); the role fails the host once, after the record.
   - V(record) turns what the run registered into the host's result (RV(clean_slate_result)), writes the node_exporter
     metrics on the GPU node (C(clean_slate_metrics_dir)) and the JSON report on the controller
     (C(clean_slate_report_dir)), and publishes the result with set_stats (C(clean_slate), aggregated per host).
