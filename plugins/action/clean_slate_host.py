@@ -206,10 +206,13 @@ class ActionModule(ActionBase):
             # The clean step did not return (the host did not answer, or the step broke): work the targets out again.
             r = self._resolve(task_vars, time.time())
             info = {k: r.get(k) for k in ("started", "mode", "delegate", "label", "lists", "report_path", "wheels_path", "records")}
-            if run.get("failed") and not run.get("unreachable"):
-                run = {**run, "phase": "preflight"}  # the clean step itself broke: its error is the host's (as the preflight's)
         else:
             run = {**run, "failed": bool(run.get("module_failed"))}
+        if run.get("failed") and not run.get("unreachable") and "phase" not in run:
+            # Failed without a phase of the module's: Ansible failed the run (no Python there, MODULE FAILURE, a task
+            # timeout) or the clean step broke. It is the first phase's failure, with Ansible's message (the guide's
+            # gpus_unreadable), not a run in which no phase was selected.
+            run = {**run, "phase": "preflight"}
         # Only what the record needs: each variable read costs a templating call, per host.
         v = {name: self._var(task_vars, name) for name in _RECORD_VARS}
         mode = str(info.get("mode") or "local")
@@ -278,7 +281,7 @@ class ActionModule(ActionBase):
             os.replace(tmp, path)
             tmp = ""
             return {"rc": 0, "changed": False}
-        except OSError as e:
+        except (OSError, TypeError, ValueError) as e:  # not writable, or a value JSON cannot hold: the record says so
             return {"rc": 1, "stderr": str(e), "changed": False}
         finally:
             if tmp:

@@ -25,6 +25,7 @@ import typing as t
 from collections.abc import Mapping
 
 from ansible.module_utils.common.yaml import yaml_load
+from ansible.module_utils.parsing.convert_bool import boolean as convert_bool
 
 _NUMBER = re.compile(r"^[+-]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][+-]?[0-9]+)?$")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]+$")
@@ -78,14 +79,10 @@ LIST_VARS: tuple[tuple[str, bool], ...] = (
 #: Health verdicts from best to worst (the metrics give the verdict's rank).
 HEALTH_ORDER = ("ok", "restart_app", "reset_gpu", "reboot", "drain")
 
-_TRUE = frozenset(("y", "yes", "on", "1", "true", "t", "1.0"))
-
 
 def boolean(value: t.Any) -> bool:
-    """Ansible's ``| bool``: true for True and for the strings yes, on, 1, true (any case), else false."""
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in _TRUE
+    """The role's ``| bool``: Ansible's own non-strict conversion (yes, on, 1, true, ... are true; anything else false)."""
+    return bool(convert_bool(value, strict=False))
 
 
 def text(value: t.Any) -> str:

@@ -390,6 +390,25 @@ def test_hypervisor_mode_without_a_hypervisor_is_refused_and_recorded(node, tmp_
     assert not run.node_runs() and worker.alive()
 
 
+def test_a_module_run_that_ansible_fails_is_the_preflights_failure_with_ansibles_message(node, tmp_path: Path) -> None:
+    """No Python where the module runs: Ansible fails the run before any phase. The record names the preflight and
+    Ansible's own message (not a run in which --tags selected no phase), and the error is printed once."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    reports = tmp_path / "reports"
+    hosts = {"nopython": node_vars(n, ansible_python_interpreter="/nonexistent/python3")}
+    run = run_playbook(
+        PLAYBOOK,
+        inventory=local_inventory(tmp_path / "hosts.yml", hosts),
+        env=n.env(),
+        extra_vars={"clean_slate_report_dir": str(reports)},
+        wrapper=sb.nsenter_prefix(),
+    )
+    assert run.rc == 2, run.output
+    assert_red(run, "nopython", "preflight", "gpus_unreadable", "/nonexistent/python3", reports)
+    assert worker.alive()
+
+
 def test_an_unknown_gpu_from_extra_vars_names_the_variable(node, tmp_path: Path) -> None:
     n, sb = node
     worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
