@@ -56,6 +56,9 @@ GOAL_OVERHEAD_S = 0.4
 GOAL_MODULES = 2
 GOAL_LAB_RATIO = 1.5
 GOAL_CPU_PER_HOST_S = 0.3
+#: The lab rows of Ansible's floor (one ping task where the role's module runs, see floor()).
+FLOOR_ONE = "lab, 1 host (pve1): Ansible's floor, one ping task"
+FLOOR_FIVE = "lab, 5 hosts, forks 5: Ansible's floor, one ping task"
 LOAD = os.getloadavg()
 
 
@@ -117,6 +120,27 @@ def yardstick(hosts: str = "gpu_nodes") -> list[dict[str, Any]]:
     return [{"name": "Yardstick", "hosts": hosts, "gather_facts": False, "tasks": [{"name": "Nothing", "ansible.builtin.debug": {"msg": "nothing"}}]}]
 
 
+def floor(hosts: str = "gpu_nodes") -> list[dict[str, Any]]:
+    """Ansible's own floor for one module task: the empty playbook with ``ansible.builtin.ping`` instead of ``debug``.
+
+    ping is the cheapest module Ansible has (no work, no module_utils of its own): what it costs over the
+    empty playbook is what Ansible charges for shipping any module to a host and running it there (building
+    the AnsiballZ payload, the interpreter and ``ansible.module_utils.basic`` on the host, the result back).
+    No role built on modules can cost less than this above the empty playbook. It runs where the role's
+    module runs (the role's own ``_clean_slate_delegate``: a container without an address on its node), with
+    the host's ``ansible_python_interpreter``."""
+    role = ROOT / "roles" / "clean_slate"
+    return [
+        {
+            "name": "Floor",
+            "hosts": hosts,
+            "gather_facts": False,
+            "vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")],
+            "tasks": [{"name": "One module", "ansible.builtin.ping": {}, "delegate_to": "{{ _clean_slate_delegate }}"}],
+        }
+    ]
+
+
 # ---------------------------------------------------------------------- single node
 def local_playbook(scenario: str, root: Path = ROOT) -> dict[str, Any]:
     """The playbook of the checkout at ``root`` on a fresh workload, with the empty playbook measured beside it."""
@@ -133,6 +157,9 @@ def local_playbook(scenario: str, root: Path = ROOT) -> dict[str, Any]:
         empty = run_playbook(yardstick(), inventory=inventory, env=env, wrapper=sb.nsenter_prefix())
         if empty.rc != 0:
             raise RuntimeError(empty.output)
+        ping = run_playbook(floor(), inventory=inventory, env=env, wrapper=sb.nsenter_prefix())
+        if ping.rc != 0:
+            raise RuntimeError(ping.output)
         cpu = own_children_cpu()
         run = run_playbook(root / "playbooks" / "clean_slate.yml", inventory=inventory, env=env, wrapper=sb.nsenter_prefix())
         cpu = own_children_cpu() - cpu
@@ -142,6 +169,7 @@ def local_playbook(scenario: str, root: Path = ROOT) -> dict[str, Any]:
         out = {
             "wall": run.elapsed,
             "empty": empty.elapsed,
+            "floor": ping.elapsed - empty.elapsed,
             "work": kill_to_clean(ph),
             "cpu_controller": cpu,
             "clean": ph["verify"]["clean"] and all(node.memory(i)["used_mib"] == 0 for i in range(8)),
@@ -164,7 +192,9 @@ def lab_runs(repeat: int) -> dict[str, list[dict[str, Any]]]:
     from lab.builder import Lab
 
     configs = {"lab, 1 host (pve1)": {"limit": "pve1", "forks": 5}, "lab, 5 hosts, forks 5": {"forks": 5}, "lab, 5 hosts, forks 1": {"forks": 1}}
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    # Ansible's floor on the same hosts: one ping task where the role's module runs (see floor()), cold as the others.
+    floors = {FLOOR_ONE: {"limit": "pve1", "forks": 5}, FLOOR_FIVE: {"forks": 5}}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in [*configs, *floors]}
     lab = Lab()
     try:
         lab.build()
@@ -174,6 +204,26 @@ def lab_runs(repeat: int) -> dict[str, list[dict[str, Any]]]:
         if warm.rc != 0:
             raise RuntimeError(warm.output)
         for _unused in range(repeat):
+            for name, kw in floors.items():
+                lab.close_connections()
+                controller_cpu = own_children_cpu()
+                run = lab.playbook(floor(), **kw)
+                controller_cpu = own_children_cpu() - controller_cpu
+                if run.rc != 0:
+                    raise RuntimeError(run.output)
+                results[name].append(
+                    {
+                        "wall": run.elapsed,
+                        "cpu_controller": controller_cpu,
+                        "cpu_hosts": 0.0,
+                        "hosts": len(run.stats["stats"]),
+                        "clean": None,
+                        "daemons": None,
+                        "daemons_all": None,
+                        "modules": Counter(),
+                        "tasks": Counter(r["host"] for r in run.results if r["status"] != "skipped"),
+                    }
+                )
             for name, kw in configs.items():
                 lab.reset()
                 lab.close_connections()
@@ -214,7 +264,7 @@ def lab_runs(repeat: int) -> dict[str, list[dict[str, Any]]]:
 # ---------------------------------------------------------------------- a real GPU node
 def gpu_rows(repeat: int, workers: int, gib: float) -> list[dict[str, Any]]:
     """On a real GPU node (tests/gpu's RealBackend: torch workers, the real driver, connection local):
-    the empty playbook, the two-module play (gpu_procs_kill + gpu_mem_verify) and the whole playbook,
+    the empty playbook, one ping task (Ansible's floor), the two-module play (gpu_procs_kill + gpu_mem_verify) and the whole playbook,
     side by side on the same workload, started afresh for each run."""
     # tests/gpu/validate.py runs with the GPU machine's python3, outside the venv: loaded from its file.
     import importlib.util
@@ -232,12 +282,14 @@ def gpu_rows(repeat: int, workers: int, gib: float) -> list[dict[str, Any]]:
         {"name": "kill", "gpuops.clean_slate.gpu_procs_kill": {"patterns": ["^sglang::", "workload.py"], "include_children": True, "grace_period": 2}},
         {"name": "verify", "gpuops.clean_slate.gpu_mem_verify": {"expected_count": backend.count}},
     ]
-    cells: dict[str, list[dict[str, Any]]] = {"empty": [], "modules": [], "playbook": []}
+    cells: dict[str, list[dict[str, Any]]] = {"empty": [], "floor": [], "modules": [], "playbook": []}
     with tempfile.TemporaryDirectory(prefix="gpuops-bench-gpu-") as tmpdir:
         ansible = Ansible(backend, Path(tmpdir))
         for _unused in range(repeat):
             rc, wall, _records, out = ansible.run(ansible.play([{"name": "Nothing", "ansible.builtin.debug": {"msg": "nothing"}}]))
             cells["empty"].append({"wall": wall, "ok": rc == 0, "modules": 0, "work": 0.0})
+            rc, wall, _records, out = ansible.run(ansible.play([{"name": "One module", "ansible.builtin.ping": {}}]))
+            cells["floor"].append({"wall": wall, "ok": rc == 0, "modules": 0, "work": 0.0})
             for what, playbook in (("modules", ansible.play(two_tasks)), ("playbook", ROOT / "playbooks" / "clean_slate.yml")):
                 procs = backend.spawn(specs)
                 rc, wall, records, out = ansible.run(playbook)
@@ -258,7 +310,14 @@ def gpu_rows(repeat: int, workers: int, gib: float) -> list[dict[str, Any]]:
     label = f"real node ({gpu['gpus']} x {gpu['gpu']}, driver {gpu['driver']})"
     rows = []
     empty = statistics.median(c["wall"] for c in cells["empty"])
-    for what, title in (("empty", "empty one-task playbook"), ("modules", "two-task play gpu_procs_kill + gpu_mem_verify"), ("playbook", "playbook")):
+    ansible_floor = statistics.median(c["wall"] for c in cells["floor"]) - empty
+    titles = (
+        ("empty", "empty one-task playbook"),
+        ("floor", "Ansible's floor: one ping task"),
+        ("modules", "two-task play gpu_procs_kill + gpu_mem_verify"),
+        ("playbook", "playbook"),
+    )
+    for what, title in titles:
         runs = cells[what]
         wall = statistics.median(c["wall"] for c in runs)
         work = statistics.median(c["work"] for c in runs)
@@ -267,8 +326,9 @@ def gpu_rows(repeat: int, workers: int, gib: float) -> list[dict[str, Any]]:
                 "what": f"{label}: {title}",
                 "wall": wall,
                 "empty": empty,
+                "floor": ansible_floor,
                 "work": work,
-                "over": (wall - empty - work) if what != "empty" else None,
+                "over": (wall - empty - work) if what not in ("empty", "floor") else None,
                 "cpu": "-",
                 "hosts": 1,
                 "clean": all(c["ok"] for c in runs),
@@ -286,6 +346,7 @@ HEADER = [
     "Hosts",
     "Wall (s)",
     "Empty playbook (s)",
+    "Ansible's floor: ping play - empty (s)",
     "Kill-to-clean (s)",
     "Wall - empty - kill-to-clean (s)",
     "CPU (s): controller + hosts",
@@ -301,11 +362,12 @@ def num(value: float | None) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
+    lines = ["| " + " | ".join(HEADER) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for r in rows:
+        clean = "-" if r["clean"] is None else "yes" if r["clean"] else "NO"
         lines.append(
-            f"| {r['what']} | {r['hosts']} | {r['wall']:.2f} | {num(r.get('empty'))} | {num(r.get('work'))} | {num(r.get('over'))} | {r['cpu']}"
-            f" | {'yes' if r['clean'] else 'NO'} | {r['daemons']} | {r['modules']} | {r['tasks']} |"
+            f"| {r['what']} | {r['hosts']} | {r['wall']:.2f} | {num(r.get('empty'))} | {num(r.get('floor'))} | {num(r.get('work'))} | {num(r.get('over'))}"
+            f" | {r['cpu']} | {clean} | {r['daemons']} | {r['modules']} | {r['tasks']} |"
         )
     return "\n".join(lines)
 
@@ -319,11 +381,13 @@ def local_rows(repeat: int, baseline: Path | None, tmpdir: Path) -> list[dict[st
             wall = statistics.median(o["wall"] for o in ours)
             empty = statistics.median(o["empty"] for o in ours)
             work = statistics.median(o["work"] for o in ours)
+            ansible_floor = statistics.median(o["floor"] for o in ours)
             rows.append(
                 {
                     "what": f"1 node, {scenario}: {title}",
                     "wall": wall,
                     "empty": empty,
+                    "floor": ansible_floor,
                     "work": work,
                     # Per run, then the median: the yardstick and the work are measured beside each playbook run.
                     "over": statistics.median(o["wall"] - o["empty"] - o["work"] for o in ours),
@@ -364,6 +428,21 @@ def lab_rows(repeat: int) -> list[dict[str, Any]]:
     rows = []
     for name, runs in lab_runs(repeat).items():
         first = runs[0]
+        if name in (FLOOR_ONE, FLOOR_FIVE):
+            rows.append(
+                {
+                    "what": name,
+                    "wall": statistics.median(r["wall"] for r in runs),
+                    "cpu": f"{statistics.median(r['cpu_controller'] for r in runs):.1f} + -",
+                    "cpu_ctl": statistics.median(r["cpu_controller"] for r in runs),
+                    "hosts": first["hosts"],
+                    "clean": None,
+                    "daemons": "-",
+                    "modules": "- (ping)",
+                    "tasks": ", ".join(f"{h} {n}" for h, n in sorted(first["tasks"].items())),
+                }
+            )
+            continue
         rows.append(
             {
                 "what": name,
@@ -387,7 +466,7 @@ def main() -> int:
     parser.add_argument("--write-docs", action="store_true", help=f"write the figures into {DOCS.relative_to(ROOT)}")
     parser.add_argument("--baseline", type=Path, help="a checkout of the collection to measure beside this one (local rows)")
     parser.add_argument("--no-lab", action="store_true", help="leave out the 5-host lab")
-    parser.add_argument("--gpu", action="store_true", help="on a real GPU node: empty playbook, two-module play, playbook")
+    parser.add_argument("--gpu", action="store_true", help="on a real GPU node: empty playbook, one ping task, two-module play, playbook")
     parser.add_argument("--workers", type=int, default=8, help="--gpu: renamed workers, plus a forked orphan")
     parser.add_argument("--gib", type=float, default=6, help="--gpu: GiB each worker allocates")
     args = parser.parse_args()
@@ -418,6 +497,10 @@ def summary_lines(by: dict[str, dict[str, Any]]) -> list[str]:
         f"playbook - empty playbook - kill-to-clean: plain {local['over']:.2f} s, messy {messy['over']:.2f} s"
         f" (goal <= {GOAL_OVERHEAD_S:g} s: {'met' if max(local['over'], messy['over']) <= GOAL_OVERHEAD_S else 'missed'});"
         f" module runs per host: {local['modules']} (goal <= {GOAL_MODULES})",
+        f"Ansible's floor for one module task (ping play - empty playbook, same inventory): plain {local['floor']:.2f} s,"
+        f" messy {messy['floor']:.2f} s; the role beyond it (playbook - ping play - kill-to-clean): plain"
+        f" {local['over'] - local['floor']:.2f} s, messy {messy['over'] - messy['floor']:.2f} s"
+        + (" (the goal is below the floor on this machine)" if min(local["floor"], messy["floor"]) > GOAL_OVERHEAD_S else ""),
     ]
     for scenario in ("plain", "messy"):
         before = next((r for w, r in by.items() if w.startswith(f"1 node, {scenario}: playbook (local), before: ")), None)
@@ -434,6 +517,12 @@ def summary_lines(by: dict[str, dict[str, Any]]) -> list[str]:
         out.append(
             f"lab, forks 5 vs 1 host: {five['wall']:.2f} s / {one['wall']:.2f} s = {five['wall'] / one['wall']:.2f}x (goal <= {GOAL_LAB_RATIO}x);"
             f" controller CPU per extra host {per_host:.2f} s (goal <= {GOAL_CPU_PER_HOST_S} s); forks 1: {serial['wall']:.2f} s"
+        )
+    if FLOOR_ONE in by:
+        f1, f5 = by[FLOOR_ONE], by[FLOOR_FIVE]
+        out.append(
+            f"lab, Ansible's floor (one ping task where the module runs): forks 5 vs 1 host {f5['wall']:.2f} s / {f1['wall']:.2f} s ="
+            f" {f5['wall'] / f1['wall']:.2f}x; controller CPU per extra host {(f5['cpu_ctl'] - f1['cpu_ctl']) / 4:.2f} s"
         )
     return out
 
