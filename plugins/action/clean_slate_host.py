@@ -82,6 +82,9 @@ _ROLE_VARS = (
     "clean_slate_metrics_dir",
 )
 
+#: The collection's root (this file is plugins/action/clean_slate_host.py in it): where the role's argument spec is.
+_COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 #: The role variables the record step reads.
 _RECORD_VARS = ("clean_slate_metrics_dir", "clean_slate_fail_on_dirty", "clean_slate_health_fail_on", "clean_slate_venv_dir")
 
@@ -106,19 +109,30 @@ class ActionModule(ActionBase):
         """The host's targets and arguments, and the refusal of bad variables (records resolve and args)."""
         host = str(task_vars.get("inventory_hostname"))
         out: dict[str, t.Any] = {"host": host, "started": started, "records": {}}
+        spec_bad: list[str] = []
         try:
             v = self._role_vars(task_vars)
+            # The role's argument spec, as Ansible would apply it, but refused and recorded like any bad variable.
+            spec = _role.argument_spec(_COLLECTION_ROOT)
+            spec_bad = _role.spec_problems(spec, {n: (v[n] if n in v else self._var(task_vars, n)) for n in spec if n in task_vars})
             mode = str(self._var(task_vars, "_clean_slate_mode", "local"))
             gpus = _role.gpu_list(v["clean_slate_gpus"])
             given = _role.lists(v)
             wheels = str(self._var(task_vars, "_clean_slate_wheels_path", "") or "")
             tg = _role.targets(v, gpus, mode, host, self._var(task_vars, "proxmox_gpu_devices", []), os.path.realpath("."))
         except (AnsibleError, TypeError, ValueError) as e:  # a variable that cannot be templated or read: the host's arguments are refused
-            out["records"]["resolve"] = {"failed": True, "msg": f"{host}: the role variables could not be read: {e} Nothing was changed."}
+            why = " ".join(spec_bad) if spec_bad else f"the role variables could not be read: {e}"
+            out["records"]["resolve"] = {"failed": True, "msg": f"{host}: {why} Nothing was changed."}
             out.update(mode=str(task_vars.get("clean_slate_mode", "local")), delegate=host, label=host, lists={}, report_path="", wheels_path="")
             return out
         out.update(tg, lists=given, wheels_path=wheels, vars=v)
-        bad = _role.problems(v, gpus, given, mode, host, wheels)
+        try:
+            more = _role.problems(v, gpus, given, mode, host, wheels)
+        except (TypeError, ValueError):
+            if not spec_bad:
+                raise
+            more = []  # a value of the wrong type, which the argument spec has named already
+        bad = _role.refusals(spec_bad, more)
         if bad:
             out["records"]["args"] = {"failed": True, "msg": f"{host}: {' '.join(bad)} Nothing was changed."}
         return out

@@ -24,6 +24,7 @@ import re
 import typing as t
 from collections.abc import Mapping
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.yaml import yaml_load
 from ansible.module_utils.parsing.convert_bool import boolean as convert_bool
 
@@ -203,6 +204,47 @@ def problems(v: Mapping[str, t.Any], gpus: list[t.Any], given: Mapping[str, list
                 " (the gpuops.clean_slate.proxmox inventory sets proxmox_vmid)."
             )
     return p
+
+
+#: The role's argument spec, from the collection's root.
+ARGUMENT_SPECS = os.path.join("roles", "clean_slate", "meta", "argument_specs.yml")
+_VARIABLE = re.compile(r"clean_slate_[a-z_]+")
+
+
+def argument_spec(collection_root: str) -> dict[str, t.Any]:
+    """The options of the role's entry point ``main`` in meta/argument_specs.yml; empty when there is none."""
+    try:
+        with open(os.path.join(collection_root, ARGUMENT_SPECS), encoding="utf-8") as f:
+            data = yaml_load(f)
+    except OSError:
+        return {}
+    options = (((data or {}).get("argument_specs") or {}).get("main") or {}).get("options")
+    return dict(options) if isinstance(options, Mapping) else {}
+
+
+def spec_problems(spec: Mapping[str, t.Any], values: Mapping[str, t.Any]) -> list[str]:
+    """The role's argument spec applied to the role variables as Ansible's own validation applies it before a role's
+    first task (ansible.builtin.validate_argument_spec: its validator, on the same templated values of the variables
+    that are defined): one sentence per error, each naming its variable.
+
+    Ansible's validation stops a host before the role can record it (the report, set_stats and the metrics would
+    not know the host failed); run here, in the clean step, a wrong type or choice is refused like any other bad
+    variable, and recorded. playbooks/clean_slate.yml therefore imports the role with ``rolespec_validate: false``."""
+    if not spec:
+        return []
+    checked = ArgumentSpecValidator(dict(spec)).validate({k: x for k, x in values.items() if k in spec}, validate_role_argument_spec=True)
+    return [m if m.endswith(".") else m + "." for m in (str(e) for e in checked.error_messages)]
+
+
+def refusals(spec_bad: list[str], bad: list[str]) -> list[str]:
+    """The argument spec's sentences, then those of :func:`problems` about the variables the spec did not name."""
+    named = {name for m in spec_bad for name in _VARIABLE.findall(m)}
+
+    def about(m: str) -> str:
+        found = _VARIABLE.match(m)
+        return found.group(0) if found else ""
+
+    return spec_bad + [m for m in bad if about(m) not in named]
 
 
 def targets(v: Mapping[str, t.Any], gpus: list[t.Any], mode: str, host: str, devices: t.Any, cwd: str) -> dict[str, t.Any]:

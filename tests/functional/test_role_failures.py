@@ -390,6 +390,40 @@ def test_hypervisor_mode_without_a_hypervisor_is_refused_and_recorded(node, tmp_
     assert not run.node_runs() and worker.alive()
 
 
+def test_a_variable_the_argument_spec_refuses_is_refused_and_recorded(node, tmp_path: Path) -> None:
+    """A wrong type or choice (here an unknown mode, a boolean that is none and a negative grace period) used to stop
+    the host in Ansible's own check of the role's argument spec, before the role could record it. The playbook
+    imports the role without that check; the clean step applies the same spec, names every variable, and the host
+    is red and on record (summary, set_stats, JSON report) with nothing signalled. A play of its own that keeps Ansible's check still stops the host there."""
+    n, sb = node
+    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
+    reports = tmp_path / "reports"
+    bad = {"clean_slate_mode": "sideways", "clean_slate_include_children": "maybe", "clean_slate_grace_period": -1}
+    hosts = {"typo": node_vars(n, **bad)}
+    run = run_playbook(
+        PLAYBOOK,
+        inventory=local_inventory(tmp_path / "hosts.yml", hosts),
+        env=n.env(),
+        extra_vars={"clean_slate_report_dir": str(reports)},
+        wrapper=sb.nsenter_prefix(),
+    )
+    assert run.rc == 2, run.output
+    entry = assert_red(run, "typo", "arguments", "bad_variable", "value of clean_slate_mode must be one of: auto, local, hypervisor, got: sideways.", reports)
+    assert "argument 'clean_slate_include_children' is of type str and we were unable to convert to bool" in entry["msg"], entry["msg"]
+    # The role's own sentence for the variable the spec accepted (a float), after the spec's.
+    assert entry["msg"].index("clean_slate_include_children") < entry["msg"].index("clean_slate_grace_period must be >= 0, got -1.")
+    assert entry["msg"].endswith(" Nothing was changed."), entry["msg"]
+    assert not [r for r in run.results if r["task"].startswith("Validating arguments")]
+    assert not run.node_runs() and worker.alive()
+
+    # With Ansible's own check (roles: in a play of one's own, as before), the host stops in it and is not recorded.
+    checked = run_playbook(play(), inventory=local_inventory(tmp_path / "one.yml", {"typo": hosts["typo"]}), env=n.env(), wrapper=sb.nsenter_prefix())
+    assert checked.rc == 2 and worker.alive(), checked.output
+    failed = [r for r in checked.results if r["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["task"].split(" : ")[-1].startswith("Validating arguments against arg spec"), failed
+    assert "clean_slate_mode" in failed[0]["result"]["msg"]
+
+
 def test_a_module_run_that_ansible_fails_is_the_preflights_failure_with_ansibles_message(node, tmp_path: Path) -> None:
     """No Python where the module runs: Ansible fails the run before any phase. The record names the preflight and
     Ansible's own message (not a run in which --tags selected no phase), and the error is printed once."""
@@ -473,7 +507,8 @@ def test_tags_each_phase_alone(node, tmp_path: Path) -> None:
 
 def test_include_role_with_tags(node, tmp_path: Path) -> None:
     """The README's include_role: tagged with the phases and the deploy's own tag, applying that tag inside,
-    so that --tags clean_slate_verify runs only the verification and --tags deploy runs every phase."""
+    so that --tags clean_slate_verify runs only the verification and --tags deploy runs every phase; without
+    Ansible's own argument-spec check, a wrong variable is refused by the role and recorded, whatever the tags."""
     n, sb = node
     worker = sb.spawn_worker(gpus=[1], mib=8000, title="VLLM::Worker_TP1")
     deploy = [
@@ -484,7 +519,7 @@ def test_include_role_with_tags(node, tmp_path: Path) -> None:
             "tasks": [
                 {
                     "name": "Give the GPUs a clean slate",
-                    "ansible.builtin.include_role": {"name": ROLE, "apply": {"tags": ["deploy"]}},
+                    "ansible.builtin.include_role": {"name": ROLE, "apply": {"tags": ["deploy"]}, "rolespec_validate": False},
                     "tags": ["deploy", "clean_slate", "clean_slate_preflight", "clean_slate_kill", "clean_slate_verify"],
                 },
                 {"name": "Start the server", "ansible.builtin.assert": {"that": ["clean_slate_result.clean"]}, "tags": ["deploy"]},
@@ -496,6 +531,9 @@ def test_include_role_with_tags(node, tmp_path: Path) -> None:
     assert run.rc == 2, run.output
     assert gpuops_tasks(run) == ["verify"] and worker.alive()
     assert_red(run, "host-a", "verify", "busy", "GPU 1")
+    run = run_playbook(deploy, inventory=inv, env=n.env(), tags="clean_slate_kill", args=["-e", "clean_slate_signal=STOP"], wrapper=sb.nsenter_prefix())
+    assert run.rc == 2 and worker.alive() and not run.node_runs(), run.output
+    assert_red(run, "host-a", "arguments", "bad_variable", "value of clean_slate_signal must be one of: TERM, INT, HUP, QUIT, USR1, USR2, KILL, got: STOP.")
     run = run_playbook(deploy, inventory=inv, env=n.env(), tags="deploy", args=["-e", "clean_slate_verify_timeout=5"], wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
     assert gpuops_tasks(run) == ["preflight", "kill", "residue", "verify"]

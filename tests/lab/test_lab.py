@@ -432,7 +432,13 @@ def test_orphaned_gpu_memory_fails_that_host_with_the_diagnosis(fresh: Lab) -> N
     ("bad", "task", "says"),
     [
         ({"clean_slate_verify_timeout": -1}, "Fail the host when its GPUs are not proven clean", "clean_slate_verify_timeout must be >= 0, got -1."),
-        ({"clean_slate_mode": "sideways"}, "Validating arguments against arg spec", "clean_slate_mode"),
+        # The role's argument spec, applied by the clean step (the playbook turns Ansible's own check off so that
+        # the refused host is recorded): the same sentence as Ansible's, and on record.
+        (
+            {"clean_slate_mode": "sideways"},
+            "Fail the host when its GPUs are not proven clean",
+            "value of clean_slate_mode must be one of: auto, local, hypervisor",
+        ),
     ],
     ids=["negative-timeout", "unknown-mode"],
 )
@@ -451,6 +457,8 @@ def test_bad_variables_fail_before_anything_runs(fresh: Lab, bad: dict[str, t.An
     assert {n.name: len(lab.pct_calls(n)) for n in lab.nodes} == calls
     for name in GPU_HOSTS:
         assert_untouched(lab, name, before[name])
+        res = result_of(run, name)
+        assert (res["phase"], res["reason"]) == ("arguments", "bad_variable") and says in res["msg"], res
 
 
 def test_the_lab_is_its_own_world(lab: Lab) -> None:

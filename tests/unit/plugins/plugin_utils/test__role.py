@@ -91,6 +91,44 @@ def test_each_bad_variable_is_named_in_its_own_sentence(over: dict[str, t.Any], 
         assert len(found) == 1 and found[0].startswith(says), found
 
 
+SPEC = _role.argument_spec(str(ROOT))
+
+
+def wrong(option: dict[str, t.Any]) -> t.Any:
+    """A value the spec refuses for ``option`` (None when every value of its type is accepted: str, path, raw)."""
+    kind, elements = option.get("type", "str"), option.get("elements")
+    if "choices" in option:
+        return ["no-such-choice"] if kind == "list" else "no-such-choice"
+    return {"bool": "maybe", "int": "many", "float": "soon", "dict": "not a dict", "list": ["x"] if elements == "int" else None}.get(kind)
+
+
+def test_the_argument_spec_is_the_roles_and_covers_every_public_variable() -> None:
+    public = {k for k in DEFAULTS if k.startswith("clean_slate_")}
+    assert set(SPEC) == public, set(SPEC) ^ public
+    # The defaults pass it, as they pass Ansible's own check.
+    assert _role.spec_problems(SPEC, role_vars()) == []
+    assert _role.argument_spec(str(ROOT / "no-such-collection")) == {}
+    assert _role.spec_problems({}, {"clean_slate_mode": "sideways"}) == []
+
+
+@pytest.mark.parametrize("name", sorted(n for n, o in SPEC.items() if wrong(o) is not None))
+def test_the_argument_spec_refuses_a_wrong_value_naming_its_variable(name: str) -> None:
+    bad = _role.spec_problems(SPEC, role_vars(**{name: wrong(SPEC[name])}))
+    assert len(bad) == 1 and name in bad[0] and bad[0].endswith("."), bad
+    # What Ansible's own check says of it, word for word.
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    ansible = ArgumentSpecValidator(SPEC).validate({name: wrong(SPEC[name])}, validate_role_argument_spec=True).error_messages
+    assert [m.rstrip(".") for m in bad] == [m.rstrip(".") for m in ansible]
+
+
+def test_refusals_put_the_specs_first_and_do_not_repeat_a_variable() -> None:
+    spec_bad = ["argument 'clean_slate_grace_period' is of type str and we were unable to convert to float: no."]
+    bad = ['clean_slate_grace_period must be a number >= 0, got "soon".', "clean_slate_kill_timeout must be >= 0, got -1."]
+    assert _role.refusals(spec_bad, bad) == [spec_bad[0], bad[1]]
+    assert _role.refusals([], bad) == bad
+
+
 def test_a_wheels_dir_that_is_not_a_directory_is_refused(tmp_path: Path) -> None:
     v = role_vars(clean_slate_install_dependencies="yes", clean_slate_wheels_dir="w")
     missing = str(tmp_path / "w")
