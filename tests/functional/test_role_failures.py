@@ -121,6 +121,14 @@ def assert_red(run: AnsibleRun, host: str, phase: str, reason: str, says: str, r
     return entry
 
 
+def run_recorded(n: Node, sb: Any, tmp_path: Path, hosts: dict[str, Any]) -> tuple[AnsibleRun, Path]:
+    """playbooks/clean_slate.yml on ``hosts`` of ``n``, the JSON reports in tmp_path/reports."""
+    reports = tmp_path / "reports"
+    inv = local_inventory(tmp_path / "hosts.yml", hosts)
+    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), extra_vars={"clean_slate_report_dir": str(reports)}, wrapper=sb.nsenter_prefix())
+    return run, reports
+
+
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture
 def node():
@@ -376,15 +384,8 @@ def test_hypervisor_mode_without_a_hypervisor_is_refused_and_recorded(node, tmp_
     leave the host's record, not fail on an empty delegate_to."""
     n, sb = node
     worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
-    reports = tmp_path / "reports"
     hosts = {"ct129": node_vars(n, clean_slate_mode="hypervisor", clean_slate_hypervisor="", clean_slate_vmid=129)}
-    run = run_playbook(
-        PLAYBOOK,
-        inventory=local_inventory(tmp_path / "hosts.yml", hosts),
-        env=n.env(),
-        extra_vars={"clean_slate_report_dir": str(reports)},
-        wrapper=sb.nsenter_prefix(),
-    )
+    run, reports = run_recorded(n, sb, tmp_path, hosts)
     assert run.rc == 2, run.output
     assert_red(run, "ct129", "arguments", "bad_variable", "clean_slate_hypervisor is empty, but clean_slate_mode is hypervisor for ct129", reports)
     assert not run.node_runs() and worker.alive()
@@ -394,19 +395,13 @@ def test_a_variable_the_argument_spec_refuses_is_refused_and_recorded(node, tmp_
     """A wrong type or choice (here an unknown mode, a boolean that is none and a negative grace period) used to stop
     the host in Ansible's own check of the role's argument spec, before the role could record it. The playbook
     imports the role without that check; the clean step applies the same spec, names every variable, and the host
-    is red and on record (summary, set_stats, JSON report) with nothing signalled. A play of its own that keeps Ansible's check still stops the host there."""
+    is red and on record (summary, set_stats, JSON report) with nothing signalled. A play of its own that keeps
+    Ansible's check still stops the host there."""
     n, sb = node
     worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
-    reports = tmp_path / "reports"
     bad = {"clean_slate_mode": "sideways", "clean_slate_include_children": "maybe", "clean_slate_grace_period": -1}
     hosts = {"typo": node_vars(n, **bad)}
-    run = run_playbook(
-        PLAYBOOK,
-        inventory=local_inventory(tmp_path / "hosts.yml", hosts),
-        env=n.env(),
-        extra_vars={"clean_slate_report_dir": str(reports)},
-        wrapper=sb.nsenter_prefix(),
-    )
+    run, reports = run_recorded(n, sb, tmp_path, hosts)
     assert run.rc == 2, run.output
     entry = assert_red(run, "typo", "arguments", "bad_variable", "value of clean_slate_mode must be one of: auto, local, hypervisor, got: sideways.", reports)
     assert "argument 'clean_slate_include_children' is of type str and we were unable to convert to bool" in entry["msg"], entry["msg"]
@@ -429,15 +424,8 @@ def test_a_module_run_that_ansible_fails_is_the_preflights_failure_with_ansibles
     Ansible's own message (not a run in which --tags selected no phase), and the error is printed once."""
     n, sb = node
     worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
-    reports = tmp_path / "reports"
     hosts = {"nopython": node_vars(n, ansible_python_interpreter="/nonexistent/python3")}
-    run = run_playbook(
-        PLAYBOOK,
-        inventory=local_inventory(tmp_path / "hosts.yml", hosts),
-        env=n.env(),
-        extra_vars={"clean_slate_report_dir": str(reports)},
-        wrapper=sb.nsenter_prefix(),
-    )
+    run, reports = run_recorded(n, sb, tmp_path, hosts)
     assert run.rc == 2, run.output
     assert_red(run, "nopython", "preflight", "gpus_unreadable", "/nonexistent/python3", reports)
     assert worker.alive()
