@@ -114,7 +114,8 @@ class ActionModule(ActionBase):
             v = self._role_vars(task_vars)
             # The role's argument spec, as Ansible would apply it, but refused and recorded like any bad variable.
             spec = _role.argument_spec(_COLLECTION_ROOT)
-            spec_bad = _role.spec_problems(spec, {n: (v[n] if n in v else self._var(task_vars, n)) for n in spec if n in task_vars})
+            spec_bad, read = _role.spec_check(spec, {n: (v[n] if n in v else self._var(task_vars, n)) for n in spec if n in task_vars})
+            v.update(_role.text_dicts(spec, v, read))
             mode = str(self._var(task_vars, "_clean_slate_mode", "local"))
             gpus = _role.gpu_list(v["clean_slate_gpus"])
             given = _role.lists(v)

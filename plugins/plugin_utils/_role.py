@@ -230,10 +230,26 @@ def spec_problems(spec: Mapping[str, t.Any], values: Mapping[str, t.Any]) -> lis
     Ansible's validation stops a host before the role can record it (the report, set_stats and the metrics would
     not know the host failed); run here, in the clean step, a wrong type or choice is refused like any other bad
     variable, and recorded. playbooks/clean_slate.yml therefore imports the role with ``rolespec_validate: false``."""
+    return spec_check(spec, values)[0]
+
+
+def spec_check(spec: Mapping[str, t.Any], values: Mapping[str, t.Any]) -> tuple[list[str], dict[str, t.Any]]:
+    """:func:`spec_problems`, and the values as the validator read them (the spec's types applied)."""
     if not spec:
-        return []
+        return [], dict(values)
     checked = ArgumentSpecValidator(dict(spec)).validate({k: x for k, x in values.items() if k in spec}, validate_role_argument_spec=True)
-    return [m if m.endswith(".") else m + "." for m in (str(e) for e in checked.error_messages)]
+    return [m if m.endswith(".") else m + "." for m in (str(e) for e in checked.error_messages)], dict(checked.validated_parameters)
+
+
+def text_dicts(spec: Mapping[str, t.Any], v: Mapping[str, t.Any], read: Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """The dictionary variables given as text (an AWX survey answer, ``-e clean_slate_restore=compute_mode=default``,
+    JSON text), as the spec's validator read them. Ansible's check accepts such text but hands the role the text,
+    and a phase that wants a dictionary would see none: the restore asked for would silently not happen."""
+    return {
+        name: read[name]
+        for name, option in spec.items()
+        if isinstance(option, Mapping) and option.get("type") == "dict" and isinstance(v.get(name), str) and isinstance(read.get(name), Mapping)
+    }
 
 
 def refusals(spec_bad: list[str], bad: list[str]) -> list[str]:
@@ -339,11 +355,17 @@ def node_args(v: Mapping[str, t.Any], tg: Mapping[str, t.Any], given: Mapping[st
             "list_limit": v.get("clean_slate_residue_list_limit"),
         },
         # Opt-in (clean_slate_restore): the modes the last job changed, put back after the residue and before the verification.
+        # Only the keys given: an option passed as None is an option given, and None is none of mps's or
+        # compute_mode's choices (clean_slate_restore: {compute_mode: default} alone was refused).
         "restore": {
-            "gpus": restore.get("gpus", tg["verify_gpus"]),
-            "compute_mode": restore.get("compute_mode"),
-            "mps": restore.get("mps"),
-            "mps_timeout": restore.get("mps_timeout", 10),
+            k: x
+            for k, x in (
+                ("gpus", restore.get("gpus", tg["verify_gpus"])),
+                ("compute_mode", restore.get("compute_mode")),
+                ("mps", restore.get("mps")),
+                ("mps_timeout", restore.get("mps_timeout", 10)),
+            )
+            if x is not None
         },
     }
 

@@ -125,14 +125,14 @@ def test_check_mode_and_a_raised_threshold_report_without_failing(nodes, tmp_pat
 
 
 def test_restore_puts_back_the_mode_and_stops_mps_before_the_verdict(nodes, tmp_path: Path) -> None:
-    n1, n2, _n3, sb = nodes
-    for n in (n1, n2):
+    n1, n2, n3, sb = nodes
+    for n in (n1, n2, n3):
         n.set_compute_mode(1, "exclusive_process")
     mps1 = n1.spawn_daemon("nvidia-cuda-mps-control", sandbox=sb)
-    inv = local_inventory(
-        tmp_path / "hosts.yml",
-        {"restored": host(n1, clean_slate_restore={"compute_mode": "default", "mps": "stopped"}), "left": host(n2)},
-    )
+    hosts = {"restored": host(n1, clean_slate_restore={"compute_mode": "default", "mps": "stopped"}), "left": host(n2)}
+    # As an AWX survey or `-e clean_slate_restore=compute_mode=default` gives it: text, read as the spec's dictionary.
+    hosts["as_text"] = host(n3, clean_slate_restore="compute_mode=default")
+    inv = local_inventory(tmp_path / "hosts.yml", hosts)
     run = run_playbook(PLAY, inventory=inv, env=n1.env(), wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
     e = entries(run)
@@ -143,3 +143,5 @@ def test_restore_puts_back_the_mode_and_stops_mps_before_the_verdict(nodes, tmp_
     assert n2.compute_mode(1) == 3
     assert e["left"]["clean"] is True and e["left"]["health"]["verdict"] == "restart_app"
     assert summary(run, "left").endswith("; health: restart_app")
+    assert n3.compute_mode(1) == 0 and e["as_text"]["clean"] is True and e["as_text"]["health"]["verdict"] == "ok", e["as_text"]
+    assert "; restored compute mode default on GPU 1" in summary(run, "as_text")

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _node, _restore
 from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _result, _role
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -122,6 +123,16 @@ def test_the_argument_spec_refuses_a_wrong_value_naming_its_variable(name: str) 
     assert [m.rstrip(".") for m in bad] == [m.rstrip(".") for m in ansible]
 
 
+@pytest.mark.parametrize("given", ["compute_mode=default", '{"compute_mode": "default"}'])
+def test_a_dictionary_given_as_text_is_read_as_the_spec_reads_it(given: str) -> None:
+    v = role_vars(clean_slate_restore=given)
+    bad, read = _role.spec_check(SPEC, v)
+    assert bad == [] and _role.text_dicts(SPEC, v, read) == {"clean_slate_restore": {"compute_mode": "default"}}
+    # A real dictionary, and text of other types, are left as they are.
+    assert _role.text_dicts(SPEC, role_vars(clean_slate_restore={"mps": "stopped"}), read) == {}
+    assert "clean_slate_grace_period" not in _role.text_dicts(SPEC, role_vars(clean_slate_grace_period="5"), read)
+
+
 def test_refusals_put_the_specs_first_and_do_not_repeat_a_variable() -> None:
     spec_bad = ["argument 'clean_slate_grace_period' is of type str and we were unable to convert to float: no."]
     bad = ['clean_slate_grace_period must be a number >= 0, got "soon".', "clean_slate_kill_timeout must be >= 0, got -1."]
@@ -166,7 +177,12 @@ def test_node_args_in_check_mode_wait_for_nothing_and_fail_on_nothing() -> None:
     assert args["phases"] == ["preflight", "kill", "restore", "verify"]
     assert args["verify"]["timeout"] == 0 and args["verify"]["fail_on_dirty"] is False and args["verify"]["expected_count"] == 8
     assert args["verify"]["since"] == 1000.0 and args["residue"]["fail_on"] == [] and args["kill"]["where"] is None
-    assert args["restore"] == {"gpus": [], "compute_mode": "default", "mps": None, "mps_timeout": 10}
+    # Only what was declared: the restore phase's own spec accepts it (a None mps is none of its choices).
+    assert args["restore"] == {"gpus": [], "compute_mode": "default", "mps_timeout": 10}
+    assert _node.phase_params("restore", _restore.argument_spec(), args["restore"])["mps"] is None
+    for declared in ({"mps": "stopped"}, {"compute_mode": "prohibited", "mps": "stopped", "gpus": [1]}):
+        r = _role.node_args(role_vars(clean_slate_restore=declared), tg, _role.lists(v), False, 1000.0)["restore"]
+        assert _node.phase_params("restore", _restore.argument_spec(), r) == {"probe_timeout": 10, "gpus": [], "compute_mode": None, "mps": None, "mps_timeout": 10, **declared}
     real = _role.node_args(role_vars(clean_slate_health_since="2026-12-01T00:00:00Z"), tg, _role.lists(v), False, 1000.0)
     assert real["verify"]["timeout"] == 30 and real["verify"]["fail_on_dirty"] is True and real["verify"]["since"] == "2026-12-01T00:00:00Z"
     assert real["phases"] == ["preflight", "kill", "residue", "verify"] and real["verify"]["expected_count"] is None
