@@ -182,7 +182,8 @@ def test_node_args_in_check_mode_wait_for_nothing_and_fail_on_nothing() -> None:
     assert _node.phase_params("restore", _restore.argument_spec(), args["restore"])["mps"] is None
     for declared in ({"mps": "stopped"}, {"compute_mode": "prohibited", "mps": "stopped", "gpus": [1]}):
         r = _role.node_args(role_vars(clean_slate_restore=declared), tg, _role.lists(v), False, 1000.0)["restore"]
-        assert _node.phase_params("restore", _restore.argument_spec(), r) == {"probe_timeout": 10, "gpus": [], "compute_mode": None, "mps": None, "mps_timeout": 10, **declared}
+        want = {"probe_timeout": 10, "gpus": [], "compute_mode": None, "mps": None, "mps_timeout": 10, **declared}
+        assert _node.phase_params("restore", _restore.argument_spec(), r) == want
     real = _role.node_args(role_vars(clean_slate_health_since="2026-12-01T00:00:00Z"), tg, _role.lists(v), False, 1000.0)
     assert real["verify"]["timeout"] == 30 and real["verify"]["fail_on_dirty"] is True and real["verify"]["since"] == "2026-12-01T00:00:00Z"
     assert real["phases"] == ["preflight", "kill", "residue", "verify"] and real["verify"]["expected_count"] is None
