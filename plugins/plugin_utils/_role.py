@@ -24,6 +24,7 @@ import re
 import typing as t
 from collections.abc import Mapping
 
+import yaml  # type: ignore[import-untyped]  # no stubs installed; only YAMLError is used
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.yaml import yaml_load
 from ansible.module_utils.parsing.convert_bool import boolean as convert_bool
@@ -212,13 +213,21 @@ _VARIABLE = re.compile(r"clean_slate_[a-z_]+")
 
 
 def argument_spec(collection_root: str) -> dict[str, t.Any]:
-    """The options of the role's entry point ``main`` in meta/argument_specs.yml; empty when there is none."""
+    """The options of the role's entry point ``main`` in meta/argument_specs.yml; empty when there is none.
+
+    A file that cannot be parsed raises ValueError, which the clean step turns into the host's refusal (recorded),
+    not an exception that would leave the host without a record."""
+    path = os.path.join(collection_root, ARGUMENT_SPECS)
     try:
-        with open(os.path.join(collection_root, ARGUMENT_SPECS), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             data = yaml_load(f)
     except OSError:
         return {}
-    options = (((data or {}).get("argument_specs") or {}).get("main") or {}).get("options")
+    except yaml.YAMLError as e:
+        raise ValueError(f"the role's argument spec {path} could not be parsed: {e}") from e
+    spec = data.get("argument_specs") if isinstance(data, Mapping) else None
+    main = spec.get("main") if isinstance(spec, Mapping) else None
+    options = main.get("options") if isinstance(main, Mapping) else None
     return dict(options) if isinstance(options, Mapping) else {}
 
 

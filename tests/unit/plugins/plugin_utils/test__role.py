@@ -109,6 +109,18 @@ def test_the_argument_spec_is_the_roles_and_covers_every_public_variable() -> No
     # The defaults pass it, as they pass Ansible's own check.
     assert _role.spec_problems(SPEC, role_vars()) == []
     assert _role.argument_spec(str(ROOT / "no-such-collection")) == {}
+
+
+@pytest.mark.parametrize(("text", "options"), [("argument_specs: [unclosed\n", None), ("- a list\n", {}), ("argument_specs:\n  main: 3\n", {})])
+def test_an_argument_spec_that_cannot_be_read_is_an_error_the_clean_step_records(tmp_path: Path, text: str, options: t.Any) -> None:
+    spec = tmp_path / _role.ARGUMENT_SPECS
+    spec.parent.mkdir(parents=True)
+    spec.write_text(text)
+    if options is None:
+        with pytest.raises(ValueError, match=r"argument spec .* could not be parsed"):
+            _role.argument_spec(str(tmp_path))
+    else:
+        assert _role.argument_spec(str(tmp_path)) == options
     assert _role.spec_problems({}, {"clean_slate_mode": "sideways"}) == []
 
 
