@@ -17,6 +17,10 @@ re-executes itself there). In one run:
   API simulator, no SSH connection kept from an earlier run. Each host carries an SGLang-like
   workload with a SIGTERM-ignoring vLLM worker, so each host waits its grace period once.
 
+Beside every playbook run, on the same inventory: the empty one-task playbook (the yardstick) and a
+one-task ``ansible.builtin.ping`` play (Ansible's floor for any module task, see floor()); the lab runs
+that floor play on one host and on all five too, so each of issue 13's goals has its floor in the table.
+
 Both use ``clean_slate_grace_period`` = GRACE. Every cell is the median of --repeat runs, each
 on a freshly built workload. The module executions per host are the gpuops modules the role
 ran for that host (on the host itself, or on its hypervisor for a container without network).
