@@ -28,8 +28,8 @@ all: setup
 setup: $(VENV)/.stamp $(VENV)/.testkit $(SIM_BUILD)/.stamp $(COLL_LINK) $(VENV)/.get-pip-shim $(TEST_DEPS)
 
 $(VENV)/.stamp: tests/requirements.txt
-	@tests/tools/install-system-deps
-	@py=$$(tests/tools/pick-python); \
+	@tools/install-system-deps
+	@py=$$(tools/pick-python); \
 	  if [ -x "$(PY)" ] && [ "$$($(PY) -c 'import sys; print(sys._base_executable)' 2>/dev/null)" != "$$py" ]; then rm -rf "$(VENV)"; fi; \
 	  [ -x "$(PY)" ] || { echo "creating $(VENV) with $$py"; "$$py" -m venv "$(VENV)"; }
 	$(PY) -m pip install -q --upgrade pip
@@ -37,11 +37,11 @@ $(VENV)/.stamp: tests/requirements.txt
 	@touch $@
 
 # The test kit, installed into the venv as a .pth file: the checkout (for ansible_collections.gpuops.clean_slate),
-# tests/ (support, lab, bench) and tests/sim (gpusim, pvesim) on every venv Python's path, so that no test,
-# benchmark or tool patches sys.path. tests/README.md maps the tree.
+# tests/ (support, lab), tests/sim (gpusim, pvesim) and tools/ (bench) on every venv Python's path, so that no test,
+# benchmark or tool patches sys.path. tests/README.md and tools/README.md map the trees.
 $(VENV)/.testkit: $(VENV)/.stamp Makefile
 	@$(PY) -c 'import sys, sysconfig; open(sysconfig.get_paths()["purelib"] + "/gpuops_clean_slate_testkit.pth", "w").write("\n".join(sys.argv[1:]) + "\n")' \
-	  "$(ROOT)" "$(ROOT)/tests" "$(ROOT)/tests/sim"
+	  "$(ROOT)" "$(ROOT)/tests" "$(ROOT)/tests/sim" "$(ROOT)/tools"
 	@touch $@
 
 $(SIM_BUILD)/.stamp: $(VENV)/.stamp $(wildcard tests/sim/nvml/*.c tests/sim/nvml/*.h tests/sim/nvml/*.py tests/sim/Makefile)
@@ -52,31 +52,31 @@ $(COLL_LINK):
 	@mkdir -p $(dir $@)
 	@ln -sfn ../.. $@
 
-$(TEST_DEPS): $(VENV)/.stamp tests/tools/fetch_test_deps.py
-	@$(PY) tests/tools/fetch_test_deps.py
+$(TEST_DEPS): $(VENV)/.stamp tools/fetch_test_deps.py
+	@$(PY) tools/fetch_test_deps.py
 
 $(VENV)/.get-pip-shim: $(VENV)/.stamp
-	@tests/tools/write-get-pip-shim $(PY)
+	@tools/write-get-pip-shim $(PY)
 	@touch $@
 
 ## ---------------------------------------------------------------- main job
 demo: setup
-	@tests/tools/pidns-run $(PY) tests/demo/demo.py
+	@tools/pidns-run $(PY) tools/demo/demo.py
 
 ## ---------------------------------------------------------------- gates
 test: setup
-	@tests/tools/run-gates
+	@tools/run-gates
 
 sanity: setup
-	@tests/tools/sanity
+	@tools/sanity
 
 # Tests that signal real processes run in a private PID namespace.
 units: setup
-	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+	tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
-# Two workers, each in a PID namespace of its own (tests/tools/functional says why); GPUOPS_TEST_WORKERS=1 for one.
+# Two workers, each in a PID namespace of its own (tools/functional says why); GPUOPS_TEST_WORKERS=1 for one.
 functional: setup
-	tests/tools/functional $(PYTEST_ARGS)
+	tools/functional $(PYTEST_ARGS)
 
 # The host path (initial PID namespace, /dev): guarded so that it can signal only its own victims
 # (tests/host/conftest.py says how); deliberately not under pidns-run.
@@ -84,25 +84,25 @@ host: setup
 	$(BIN)/pytest -q -p no:cacheprovider tests/host $(PYTEST_ARGS)
 
 lab: setup
-	tests/tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/lab $(PYTEST_ARGS)
+	tools/pidns-run $(BIN)/pytest -q -p no:cacheprovider tests/lab $(PYTEST_ARGS)
 
 lint: setup
-	@tests/tools/lint
+	@tools/lint
 
 docs: setup
-	@tests/tools/docs
+	@tools/docs
 
 build: setup
-	@tests/tools/build-artifact
+	@tools/build-artifact
 
 # Benchmarks print tables; they are not tests (make test does not run them).
 bench: setup
-	$(PY) tests/bench/kill_verify.py
-	$(PY) tests/bench/inventory.py
-	tests/tools/pidns-run $(PY) tests/bench/role.py
-	tests/tools/pidns-run $(PY) tests/bench/residue.py
-	tests/tools/pidns-run $(PY) tests/bench/sim.py
-	tests/tools/pidns-run $(PY) tests/bench/probe.py
+	$(PY) tools/bench/kill_verify.py
+	$(PY) tools/bench/inventory.py
+	tools/pidns-run $(PY) tools/bench/role.py
+	tools/pidns-run $(PY) tools/bench/residue.py
+	tools/pidns-run $(PY) tools/bench/sim.py
+	tools/pidns-run $(PY) tools/bench/probe.py
 
 clean:
 	rm -rf .build tests/output $(SIM_BUILD) gpuops-clean_slate-*.tar.gz

@@ -18,7 +18,7 @@ if not (ROOT / "ansible_collections" / "gpuops" / "clean_slate").exists():
 
 def pytest_configure(config: pytest.Config) -> None:
     # A pytest-xdist worker of the functional gate runs in a PID namespace of its own with a fresh /tmp
-    # (tests/tools/functional): the basetemp its controller hands it lies under the controller's /tmp, whose
+    # (tools/functional): the basetemp its controller hands it lies under the controller's /tmp, whose
     # directories this /tmp does not have. pytest makes the basetemp itself, not its parents.
     basetemp = config.getoption("basetemp", None)
     if basetemp and hasattr(config, "workerinput"):

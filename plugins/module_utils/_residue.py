@@ -894,7 +894,7 @@ def run(req: Request, check_mode: bool) -> dict[str, t.Any]:
     walkers: list[Walker] = []
     # A full /dev/shm makes tens of thousands of small objects and no reference cycles: the cyclic collector
     # would run a few dozen times, the older generations over the whole heap (Ansible's modules included), for
-    # nothing: 10-40 ms of a 0.3 s run (tests/bench/residue.py).
+    # nothing: 10-40 ms of a 0.3 s run (tools/bench/residue.py).
     collecting = gc.isenabled()
     gc.disable()
     try:

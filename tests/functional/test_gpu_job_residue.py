@@ -22,7 +22,7 @@ from gpusim.residue import Container, inside, spawn
 from support.modules import ModuleRunner, assert_no_traceback, wait_for
 
 PRIVATE_TMP = os.environ.get("GPUOPS_PRIVATE_TMP") == "1"
-needs_private_tmp = pytest.mark.skipif(not PRIVATE_TMP, reason="writes to /dev/shm: run under tests/tools/pidns-run (private tmpfs)")
+needs_private_tmp = pytest.mark.skipif(not PRIVATE_TMP, reason="writes to /dev/shm: run under tools/pidns-run (private tmpfs)")
 
 
 @pytest.fixture

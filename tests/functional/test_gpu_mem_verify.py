@@ -20,7 +20,7 @@ def test_idle_h200_reads_clean_not_615_mib_dirty(mod) -> None:
     assert {g["name"] for g in r["gpus"]} == {"NVIDIA H200"}
     assert {g["total_mib"] for g in r["gpus"]} == {143771}
     assert all(g["diagnosis"] == "clean" and g["memory_api"] == "v2" for g in r["gpus"])
-    # Answered by the first poll (how fast that is, tests/bench/kill_verify.py measures).
+    # Answered by the first poll (how fast that is, tools/bench/kill_verify.py measures).
     assert r["polls"] == 1 and r["time_to_clean_s"] is not None
     assert r["driver_version"] == "580.159.04"
     assert r["msg"].startswith("8/8 GPUs clean in ")

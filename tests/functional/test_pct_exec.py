@@ -2,7 +2,7 @@
 
 Containers are real: a process that is PID 1 of its own PID and mount namespaces, entered by the
 fake pct with nsenter, so a command that runs "in the container" sees the container's /proc.
-Run inside a private PID namespace: tests/tools/pidns-run .venv/bin/pytest tests/functional/test_pct_exec.py
+Run inside a private PID namespace: tools/pidns-run .venv/bin/pytest tests/functional/test_pct_exec.py
 """
 
 from __future__ import annotations

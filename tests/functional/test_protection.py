@@ -115,7 +115,7 @@ def traced_signals(log: Path) -> tuple[list[str], dict[int, str]]:
     return received, argv
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (tests/tools/install-system-deps installs it)")
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (tools/install-system-deps installs it)")
 @pytest.mark.parametrize("mode", ["sync", "async_poll", "async_fire_and_forget"])
 def test_no_ansible_process_is_signalled_under_async_or_not(node, sandbox, tmp_path, mode) -> None:
     job = sandbox.spawn_worker(gpus=[2], mib=20000, title="python3 -m sglang.launch_server --tp 1")

@@ -94,7 +94,7 @@ def test_an_offline_host_without_all_the_wheels_fails_in_the_dependencies_phase(
     wheels.mkdir()
     for whl in WHEELS.glob("jmespath-*.whl"):  # only one of the three
         shutil.copy(whl, wheels)
-    assert list(wheels.iterdir()), "make setup fetches the wheels (tests/tools/fetch_test_deps.py)"
+    assert list(wheels.iterdir()), "make setup fetches the wheels (tools/fetch_test_deps.py)"
     venv = tmp_path / "opt" / "gpuops" / "venv"
     result = run(n, sb, tmp_path, {"offline": deps_vars(n, tmp_path, clean_slate_wheels_dir=str(wheels))})
     assert result.rc == 2, result.output

@@ -1,6 +1,6 @@
 """The host gate: the modules in the machine's initial PID namespace, as on a real GPU host.
 
-Every other gate runs in a private PID namespace (tests/tools/pidns-run) or in the lab's
+Every other gate runs in a private PID namespace (tools/pidns-run) or in the lab's
 namespaces, so the branches real hosts take never ran there: kernel threads and the machine's
 PID 1 in view, an unflagged orphan diagnosed as ``orphaned_context``, the host branch of the
 /proc readers, and the default ``device_dir`` (``/dev``). This gate runs them, as root, in the
@@ -24,7 +24,7 @@ Why it cannot signal anything but the victims it creates, four independent layer
 4. **The protection rules** of the modules (PID 1, kernel threads, the module and its ancestors,
    protected daemons) are the last net, and a test proves they hold here.
 
-Run by ``tests/tools/run-gates`` (gate "host") and ``make host``; never under pidns-run. It
+Run by ``tools/run-gates`` (gate "host") and ``make host``; never under pidns-run. It
 fails, rather than skips, where it cannot run guarded.
 """
 

@@ -22,7 +22,7 @@ See docs/lab.md for the picture. In short:
   with its hypervisor's ``pct``; ct101 also has a network namespace and its own sshd;
   ct102 and ct201 have an empty network namespace and are reached only through ``pct``.
 
-Everything runs inside ``tests/tools/pidns-run`` (private PID and mount namespaces), so the
+Everything runs inside ``tools/pidns-run`` (private PID and mount namespaces), so the
 named network namespaces live on a private tmpfs at /run/netns and nothing the lab starts
 can outlive the run. :meth:`Lab.teardown` also removes it all explicitly.
 """
@@ -70,7 +70,7 @@ NETNS_DIR = Path("/run/netns")
 LOCK_FILE = Path("/run/lock/gpuops-clean-slate-lab.lock")
 TMP_PREFIX = "gpuops-lab-"
 TARGET_VENV = ROOT / ".build" / "lab" / "py39"
-#: Test-only downloads of `make setup` (tests/tools/fetch_test_deps.py).
+#: Test-only downloads of `make setup` (tools/fetch_test_deps.py).
 WHEELS = ROOT / ".build" / "wheels"
 TEST_COLLECTIONS = ROOT / ".build" / "collections"
 COMMUNITY_PROXMOX = TEST_COLLECTIONS / "ansible_collections" / "community" / "proxmox"
@@ -394,18 +394,18 @@ class Lab:
         if os.geteuid() != 0:
             raise LabError("the lab needs root (network namespaces, sshd, cgroups)")
         if not in_private_pidns() or os.environ.get("GPUOPS_PIDNS") != "1":
-            raise LabError("the lab runs only inside tests/tools/pidns-run (make lab)")
+            raise LabError("the lab runs only inside tools/pidns-run (make lab)")
         tools = ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "setsid", "mount")
         if not os.path.exists(SSHD) or not all(shutil.which(tool) for tool in tools):
             # openssh-server, openssh-client, iproute2: installed when missing (Debian, root).
-            subprocess.run([str(TESTS / "tools" / "install-system-deps")], check=False)
+            subprocess.run([str(ROOT / "tools" / "install-system-deps")], check=False)
         for tool in tools:
             if not shutil.which(tool):
-                raise LabError(f"{tool} is missing: run tests/tools/install-system-deps")
+                raise LabError(f"{tool} is missing: run tools/install-system-deps")
         if not os.path.exists(SSHD):
-            raise LabError(f"{SSHD} is missing: run tests/tools/install-system-deps")
+            raise LabError(f"{SSHD} is missing: run tools/install-system-deps")
         if not list(WHEELS.glob("*.whl")) or not (COMMUNITY_PROXMOX / "MANIFEST.json").exists():
-            raise LabError(f"{WHEELS} or {COMMUNITY_PROXMOX} is missing: run make setup (tests/tools/fetch_test_deps.py)")
+            raise LabError(f"{WHEELS} or {COMMUNITY_PROXMOX} is missing: run make setup (tools/fetch_test_deps.py)")
         self._take_lock()
         try:
             self.target_python = target_python()  # may need PyPI: before leaving the host's network

@@ -1,7 +1,7 @@
 """Fixtures for the lab tests: the lab is built once per session and reset before each test.
 
 The lab needs root and a private PID namespace (``make lab`` runs pytest under
-tests/tools/pidns-run); anywhere else its tests are skipped. It is torn down by the session
+tools/pidns-run); anywhere else its tests are skipped. It is torn down by the session
 fixture's finalizer, which pytest also runs on Ctrl-C; SIGTERM and SIGHUP are turned into
 KeyboardInterrupt so that they unwind the same way, and an atexit hook catches what is left.
 Whatever still escaped dies with the pidns-run namespace (processes, and the network
@@ -26,7 +26,7 @@ def _interrupt(signum: int, _frame: t.Any) -> None:
 @pytest.fixture(scope="session")
 def lab() -> t.Iterator[Lab]:
     if os.geteuid() != 0 or not in_private_pidns() or os.environ.get("GPUOPS_PIDNS") != "1":
-        pytest.skip("the lab needs root inside tests/tools/pidns-run: run `make lab`")
+        pytest.skip("the lab needs root inside tools/pidns-run: run `make lab`")
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     the_lab = Lab()
     atexit.register(the_lab.teardown)

@@ -3,7 +3,7 @@
 Tests that run discovery in-process play the module, and discovery protects
 every process the module started; a target must come from elsewhere, as GPU
 jobs do. ``spawn_orphan`` double-forks, so the process is re-parented to the
-PID namespace's init at once (tests that signal run under tests/tools/pidns-run,
+PID namespace's init at once (tests that signal run under tools/pidns-run,
 whose init reaps it).
 """
 

@@ -1,4 +1,4 @@
-"""tests/tools/pidns-run: a private /tmp and /dev/shm that still show the run's own checkout.
+"""tools/pidns-run: a private /tmp and /dev/shm that still show the run's own checkout.
 
 CI and people clone under /tmp; the fresh tmpfs on /tmp must not hide the work tree (cwd) or the
 command being run, while everything else in /tmp stays out of sight.
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-PIDNS_RUN = Path(__file__).resolve().parents[1] / "tools" / "pidns-run"
+PIDNS_RUN = Path(__file__).resolve().parents[2] / "tools" / "pidns-run"
 
 
 def test_checkout_under_tmp_stays_visible_and_the_rest_of_tmp_does_not() -> None:

@@ -1,5 +1,6 @@
 """The tests tree as tests/README.md maps it: every folder says its room, the gate rooms are exactly what
-tests/tools/run-gates (what CI runs) runs, and no file patches sys.path (make setup installs the test kit)."""
+tools/run-gates (what CI runs) runs, tests/ holds tests and their kit only (the tooling lives in tools/), and no
+file patches sys.path (make setup installs the test kit)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
-ROOMS = ("gate", "simulation kit", "tooling")
+ROOMS = ("gate", "simulation kit")
+TOOLS = ROOT / "tools"
 # Build outputs and caches, not part of the tree (.gitignore).
 NOT_FOLDERS = {TESTS / "output", TESTS / "sim" / "build"}
 # Run outside the venv, so they cannot rely on the .pth make setup installs: the hardware harness runs with the
 # GPU machine's python3, and gpusim's driver daemon is started with `python -I` so that it runs from there too.
-MAY_PATCH_SYS_PATH = {TESTS / "gpu" / "validate.py", TESTS / "sim" / "gpusim" / "node.py"}
+MAY_PATCH_SYS_PATH = {TOOLS / "gpu" / "validate.py", TESTS / "sim" / "gpusim" / "node.py"}
 
 
 def folders() -> list[Path]:
@@ -36,8 +38,8 @@ def room(folder: Path) -> str | None:
 
 
 def gate_folders() -> set[Path]:
-    """Every tests/ folder a gate of run-gates names, in its command or in the tests/tools script it runs."""
-    run_gates = TESTS / "tools" / "run-gates"
+    """Every tests/ folder a gate of run-gates names, in its command or in the tools script it runs."""
+    run_gates = TOOLS / "run-gates"
     named: set[Path] = set()
     for line in run_gates.read_text().splitlines():
         if not line.startswith("gate "):
@@ -45,12 +47,12 @@ def gate_folders() -> set[Path]:
         argv = shlex.split(line)
         texts = [line]
         script = ROOT / argv[2]
-        if argv[2].startswith("tests/tools/") and script.is_file():
+        if argv[2].startswith("tools/") and script.is_file():
             texts += [s for s in script.read_text().splitlines() if not s.lstrip().startswith("#")]
         for text in texts:
             for token in re.findall(r"\btests/[a-z_/]+", text):
                 path = ROOT / token.rstrip("/")
-                if path.is_dir() and path.parent != TESTS / "tools" and path != TESTS / "tools":
+                if path.is_dir():
                     named.add(path)
     return named
 
@@ -86,8 +88,18 @@ def test_nothing_patches_sys_path() -> None:
     patch = re.compile(r"sys\.path(\.insert|\.append|\.extend|\[:0\]\s*=|\s*\+?=)")
     offenders = [
         str(p.relative_to(ROOT))
-        for p in sorted(TESTS.rglob("*.py"))
+        for p in sorted([*TESTS.rglob("*.py"), *TOOLS.rglob("*.py")])
         if p not in MAY_PATCH_SYS_PATH and "__pycache__" not in p.parts and p != Path(__file__).resolve()
         if NOT_FOLDERS.isdisjoint(p.parents) and patch.search(p.read_text())
     ]
     assert not offenders, f"import through the test kit make setup installs, not sys.path: {offenders}"
+
+
+def test_tests_holds_no_tooling_and_tools_says_what_each_folder_is() -> None:
+    """Benchmarks, the demo, the hardware harness and the gate scripts live in tools/, each folder with a README."""
+    for d in folders():
+        assert room(d) in ROOMS, f"{d.relative_to(ROOT)} is not a test folder nor the simulation kit: tooling goes under tools/"
+    subdirs = [d for d in sorted(TOOLS.iterdir()) if d.is_dir() and not d.name.startswith((".", "__"))]
+    assert {d.name for d in subdirs} >= {"bench", "demo", "gpu"}
+    missing = [str(d.relative_to(ROOT)) for d in [TOOLS, *subdirs] if not (d / "README.md").is_file()]
+    assert not missing, f"these tools/ folders need a README.md: {missing}"

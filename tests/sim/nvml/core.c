@@ -323,7 +323,7 @@ static nvmlReturn_t do_init(unsigned int flags)
 
 /* The real library ties its initialisation to the process: in a child forked after nvmlInit every
  * call answers NVML_ERROR_UNINITIALIZED until the child calls nvmlInit itself (seen on an H200,
- * driver 580.159.04: tests/gpu/nvml_raw.py --time). So a helper process must initialise NVML on its
+ * driver 580.159.04: tools/gpu/nvml_raw.py --time). So a helper process must initialise NVML on its
  * own. The lock is taken around fork() so that the child never inherits it held. */
 static void atfork_prepare(void)
 {

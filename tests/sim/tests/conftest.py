@@ -2,7 +2,7 @@
 
 The simulator's tests start, stop and signal real processes (they carry the
 ``pidns`` marker), so they must run in a private PID namespace:
-``tests/tools/pidns-run .venv/bin/pytest tests/sim/tests``. Outside one they
+``tools/pidns-run .venv/bin/pytest tests/sim/tests``. Outside one they
 are skipped, except those marked ``host_safe``.
 """
 
@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     test here using the ``node`` fixture) run only in a private PID namespace."""
     if in_private_pidns():
         return
-    skip = pytest.mark.skip(reason="signals processes: run under tests/tools/pidns-run")
+    skip = pytest.mark.skip(reason="signals processes: run under tools/pidns-run")
     here = Path(__file__).resolve().parent
     for item in items:  # this hook sees every item of the session: only ours are affected
         if not Path(str(item.fspath)).resolve().is_relative_to(here) or "host_safe" in item.keywords:

@@ -105,13 +105,13 @@ def test_wait_clean(node, monkeypatch) -> None:
 
 
 def test_eight_workers_start_and_hold_their_contexts(node) -> None:
-    # How long it takes: tests/bench/sim.py.
+    # How long it takes: tools/bench/sim.py.
     ws = [node.spawn_worker(gpus=[i], mib=20000, title=f"sglang::scheduler_TP{i}") for i in range(8)]
     assert sorted(c["gpu"] for c in node.contexts()) == list(range(8)) and all(w.alive() for w in ws)
 
 
 def test_a_full_query_of_8_gpus_reads_every_gpu(node, nvml) -> None:
-    # What one query costs: tests/bench/sim.py.
+    # What one query costs: tools/bench/sim.py.
     for i in range(8):
         node.spawn_worker(gpus=[i], mib=1000)
     per_gpu = nvml(

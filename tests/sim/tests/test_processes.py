@@ -130,7 +130,7 @@ def releasing(node, count: int = 1, timeout: float = 10.0) -> list[dict]:
 # Release timing. The model's numbers are asserted on the daemon's own stamps (dead_ns, release_ns:
 # exact, whatever the load); wall-clock checks assert the order of events and only generous bounds,
 # because this suite runs on a loaded 2-core machine. The measured latencies are a benchmark:
-# tests/bench/sim.py prints them.
+# tools/bench/sim.py prints them.
 def test_sigkill_frees_the_memory_release_delay_after_death(node, nvml) -> None:
     w = node.spawn_worker(gpus=[3], mib=20000)
     drops = nvml(node, f"result = watch_release(3, [{w.pid}])")

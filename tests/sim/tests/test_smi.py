@@ -90,7 +90,7 @@ def test_exit_codes(node, tmp_path) -> None:
 
 
 def test_a_call_loads_the_library_and_exits(node) -> None:
-    # It is a C program that dlopens libnvidia-ml.so.1 like the real one (how fast: tests/bench/sim.py).
+    # It is a C program that dlopens libnvidia-ml.so.1 like the real one (how fast: tools/bench/sim.py).
     r = smi(node, QUERY, "--format=csv,noheader")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 8
     assert smi(node, QUERY, "--format=csv,noheader", env={"LD_LIBRARY_PATH": ""}).returncode == 12
@@ -98,7 +98,7 @@ def test_a_call_loads_the_library_and_exits(node) -> None:
 
 def test_query_report_the_health_sections_in_the_real_layout(node) -> None:
     """nvidia-smi -q: the sections the health verdict reads, worded and aligned as driver 580 prints them
-    (colon in column 55 at every depth; tests/gpu/health_compare.py parses the real and this one alike)."""
+    (colon in column 55 at every depth; tools/gpu/health_compare.py parses the real and this one alike)."""
     node.set_mig([1], enabled=True)
     node.set_fault(recovery_action={2: 2})
     r = smi(node, "-q", "-i", "0,1,2")

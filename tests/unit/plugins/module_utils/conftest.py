@@ -1,4 +1,4 @@
-"""Shared by the module_utils tests: real processes that hold real files (under tests/tools/pidns-run)."""
+"""Shared by the module_utils tests: real processes that hold real files (under tools/pidns-run)."""
 
 from __future__ import annotations
 

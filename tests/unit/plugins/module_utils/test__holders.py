@@ -1,5 +1,5 @@
 """_holders: who holds a file, from one pass over /proc, /proc/locks and the unix socket tables, against real
-processes that open, map, lock, bind and work in real files (under tests/tools/pidns-run)."""
+processes that open, map, lock, bind and work in real files (under tools/pidns-run)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""_kill: rounds of discovery and escalation against real processes (run under tests/tools/pidns-run).
+"""_kill: rounds of discovery and escalation against real processes (run under tools/pidns-run).
 
 The targets are orphans (tests/support/orphans.py): this test process plays the module, and discovery
 protects what the module itself started.

@@ -1,4 +1,4 @@
-"""_residue against real files, processes and kernel tables (under tests/tools/pidns-run).
+"""_residue against real files, processes and kernel tables (under tools/pidns-run).
 
 Its parts have their own files: test__holders.py (who holds a file), test__ports.py (the TCP tables).
 """

@@ -2,7 +2,7 @@
 
 The failure is forced where no real run can force it (the wait after the first signal breaks, discovery
 breaks in a later round); the victims are real processes, orphans so that this test process can play
-the module (tests/support/orphans.py). Run under tests/tools/pidns-run.
+the module (tests/support/orphans.py). Run under tools/pidns-run.
 """
 
 from __future__ import annotations

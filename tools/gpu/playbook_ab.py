@@ -1,0 +1,90 @@
+"""The clean_slate playbook before and after a change, side by side on one GPU node (issue 13's before/after).
+
+Runs, alternating so that a machine that warms up or slows down meets every contender alike: the empty one-task
+playbook (Ansible's start-up and inventory), the same with one ``ansible.builtin.ping`` task (Ansible's floor for a
+module task: no play of modules can cost less over the empty playbook), ``playbooks/clean_slate.yml`` of the
+checkout given with --baseline (when given), and this checkout's. Nothing is killed (the node is idle), so what is left is what Ansible and the role cost.
+Every run is a fresh ``ansible-playbook`` with the local connection and the running Python as the modules'
+interpreter (it has nvidia-ml-py and psutil). Prints each run's wall time and the medians.
+
+    python3 tools/gpu/playbook_ab.py --baseline ../before --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EMPTY = """- name: Yardstick
+  hosts: gpu_nodes
+  gather_facts: false
+  tasks:
+    - name: Nothing
+      ansible.builtin.debug:
+        msg: nothing
+"""
+
+PING = """- name: Floor
+  hosts: gpu_nodes
+  gather_facts: false
+  tasks:
+    - name: One module
+      ansible.builtin.ping:
+"""
+
+
+def collections_dir(checkout: Path, tmp: Path, name: str) -> Path:
+    """A collections path holding ``checkout`` as gpuops.clean_slate."""
+    d = tmp / name / "ansible_collections" / "gpuops"
+    d.mkdir(parents=True)
+    (d / "clean_slate").symlink_to(checkout.resolve())
+    return tmp / name
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--baseline", type=Path, help="a checkout of the collection to compare with")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--gpus", type=int, default=0, help="clean_slate_expected_gpus (0: not checked)")
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpuops-ab-") as tmpdir:
+        tmp = Path(tmpdir)
+        inventory = tmp / "inventory.json"
+        host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "clean_slate_expected_gpus": a.gpus}
+        inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {"gpu-node": host}}}}}))
+        (tmp / "empty.yml").write_text(EMPTY)
+        (tmp / "ping.yml").write_text(PING)
+        contenders = {
+            "empty one-task playbook": (collections_dir(ROOT, tmp, "after"), tmp / "empty.yml"),
+            "one ping task (Ansible's floor for a module task)": (tmp / "after", tmp / "ping.yml"),
+        }
+        if a.baseline:
+            contenders[f"playbook before ({a.baseline})"] = (collections_dir(a.baseline, tmp, "before"), a.baseline.resolve() / "playbooks" / "clean_slate.yml")
+        contenders["playbook after (this checkout)"] = (tmp / "after", ROOT / "playbooks" / "clean_slate.yml")
+        walls: dict[str, list[float]] = {name: [] for name in contenders}
+        for _unused in range(a.repeat):
+            for name, (collections, playbook) in contenders.items():
+                env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1", ANSIBLE_PIPELINING="True")
+                start = time.perf_counter()
+                run = subprocess.run(["ansible-playbook", "-i", str(inventory), str(playbook)], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+                walls[name].append(round(time.perf_counter() - start, 3))
+                if run.returncode != 0:
+                    print(f"{name}: rc {run.returncode}\n{run.stdout[-2000:]}{run.stderr[-2000:]}", file=sys.stderr)
+                    return 1
+        print("| run | wall s, each run | median s |\n|---|---|---:|")
+        for name, values in walls.items():
+            print(f"| {name} | {', '.join(f'{v:.2f}' for v in values)} | {statistics.median(values):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
