@@ -98,7 +98,7 @@ class Watch(threading.Thread):
 
     def run(self) -> None:
         while not self.stop:
-            r, _, _ = select.select([self.fd], [], [], 0.1)
+            r = select.select([self.fd], [], [], 0.1)[0]
             if not r:
                 continue
             data = os.read(self.fd, 65536)
