@@ -12,7 +12,7 @@ timeout=FN[,FN] (with timeout_gpus=1,2 and timeout_delay_ms=N), hang=FN[,FN] (wi
 hang_gpus=1,2: those calls never return), orphan=GPU:MIB[,...],
 recovery_action=GPU:N[,...], legacy_pids=1, memory_v2_unsupported=1,
 process_api=v1|v2|v3, memory_na=1, library_absent=1, phantom_pids=GPU:PID[,...]; also
-release_delay_ms=N, release_gap_ms=N, teardown_hang_ms=N, context_overhead_mib=N and
+release_delay_ms=N, release_gap_ms=N, release_us_per_gib=N, teardown_hang_ms=N, context_overhead_mib=N and
 mig=GPU[,...] (MIG mode on for those, off for the others). An empty value clears that fault.
 """
 
@@ -140,7 +140,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
     kw: dict[str, Any] = {}
     timeout: dict[str, Any] = {}
     hang: dict[str, Any] = {}
-    timing: dict[str, int] = {}
+    timing: dict[str, float] = {}
     for item in args.settings:
         key, sep, value = item.partition("=")
         if not sep:
@@ -165,6 +165,8 @@ def cmd_fault(args: argparse.Namespace) -> int:
             kw[key] = value or None
         elif key in ("release_delay_ms", "release_gap_ms"):
             timing[key.replace("release_", "")] = int(value)
+        elif key == "release_us_per_gib":
+            timing["per_gib_ms"] = int(value or 0) / 1000
         elif key == "phantom_pids":
             pids: dict[int, list[int]] = {}
             for part in filter(None, value.split(",")):

@@ -134,6 +134,10 @@ class Description:
     # after the process exits, several contexts on one GPU freed ~60 ms apart.
     release_delay_ms: int = 185
     release_gap_ms: int = 60
+    # Microseconds of teardown per GiB the context held, on top of release_delay_ms: 0 (one figure
+    # for every size) by default; gpusim.servers sets the H200's 2026-12-02 figures (a SIGKILLed torch
+    # worker's memory back after 0.12-0.15 s with 40 GiB, 0.22 s with 120 GiB: 85 ms + 1.1 ms/GiB).
+    release_us_per_gib: int = 0
     # A CUDA context costs the device more than the process is charged for: 527 MiB device-wide for
     # a torch process NVML lists with 518 MiB (gpu-facts §4b, measured on an H200). This much of
     # every live context is "used" memory that no listed process explains.
@@ -188,6 +192,7 @@ class Description:
             f"cuda_driver_version={self.cuda_driver_version}",
             f"release_delay_ms={self.release_delay_ms}",
             f"release_gap_ms={self.release_gap_ms}",
+            f"release_us_per_gib={self.release_us_per_gib}",
             f"context_overhead_mib={self.context_overhead_mib}",
             f"teardown_hang_ms={self.teardown_hang_ms}",
             f"gpu_count={len(self.gpus)}",
@@ -285,6 +290,7 @@ class Description:
             cuda_driver_version=int(kv.get("cuda_driver_version", "13000")),
             release_delay_ms=int(kv.get("release_delay_ms", "185")),
             release_gap_ms=int(kv.get("release_gap_ms", "60")),
+            release_us_per_gib=int(kv.get("release_us_per_gib", "0")),
             context_overhead_mib=int(kv.get("context_overhead_mib", "0")),
             teardown_hang_ms=int(kv.get("teardown_hang_ms", "0")),
             faults=faults,

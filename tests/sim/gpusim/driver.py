@@ -191,10 +191,12 @@ class Driver:
                 pass  # the context exists regardless; the watcher handles its end
 
     # ---------------------------------------------------------- teardown
-    def _timing(self) -> tuple[int, int]:
+    def _timing(self, mib: int) -> tuple[int, int]:
+        """(teardown delay, serialisation gap) in ns for a context of ``mib``: release_delay_ms, plus
+        release_us_per_gib for each GiB it held."""
         try:
             desc = self.desc()
-            return desc.release_delay_ms * 1_000_000, desc.release_gap_ms * 1_000_000
+            return desc.release_delay_ms * 1_000_000 + desc.release_us_per_gib * 1000 * mib // 1024, desc.release_gap_ms * 1_000_000
         except OSError:
             return 185_000_000, 60_000_000
 
@@ -203,7 +205,7 @@ class Driver:
         False if it already had one (the exit path got there first)."""
         if ctx.release_ns is not None:
             return False
-        delay, gap = self._timing()
+        delay, gap = self._timing(ctx.mib)
         release = max(dead + delay, self.last_release.get(ctx.gpu, 0) + gap)
         self.last_release[ctx.gpu] = release
         slot = self.slots.get(ctx.id)

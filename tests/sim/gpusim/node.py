@@ -663,12 +663,15 @@ class Node:
         self.desc.faults = Faults()
         self.desc.write(self.state_dir)
 
-    def set_release_timing(self, delay_ms: int | None = None, gap_ms: int | None = None) -> None:
-        """Change the teardown delay / serialisation gap (applies to later deaths)."""
+    def set_release_timing(self, delay_ms: int | None = None, gap_ms: int | None = None, per_gib_ms: float | None = None) -> None:
+        """Change the teardown delay / serialisation gap, and the delay added per GiB a context held
+        (applies to later deaths)."""
         if delay_ms is not None:
             self.desc.release_delay_ms = int(delay_ms)
         if gap_ms is not None:
             self.desc.release_gap_ms = int(gap_ms)
+        if per_gib_ms is not None:
+            self.desc.release_us_per_gib = round(float(per_gib_ms) * 1000)
         self.desc.write(self.state_dir)
 
     def set_teardown(self, hang_ms: int | None = None) -> None:
