@@ -11,7 +11,8 @@
 timeout=FN[,FN] (with timeout_gpus=1,2 and timeout_delay_ms=N), hang=FN[,FN] (with
 hang_gpus=1,2: those calls never return), orphan=GPU:MIB[,...],
 recovery_action=GPU:N[,...], legacy_pids=1, memory_v2_unsupported=1,
-process_api=v1|v2|v3, memory_na=1, library_absent=1, phantom_pids=GPU:PID[,...]; also
+process_api=v1|v2|v3, memory_na=1, library_absent=1, cuda_absent=1 (libcuda.so.1 off the path),
+hidden=GPU:MIB[,...] (memory CUDA cannot allocate, NVML does not count), phantom_pids=GPU:PID[,...]; also
 release_delay_ms=N, release_gap_ms=N, release_us_per_gib=N, teardown_hang_ms=N, context_overhead_mib=N and
 mig=GPU[,...] (MIG mode on for those, off for the others). An empty value clears that fault.
 """
@@ -157,9 +158,9 @@ def cmd_fault(args: argparse.Namespace) -> int:
             hang["functions"] = [x for x in value.split(",") if x]
         elif key == "hang_gpus":
             hang["gpus"] = [int(x) for x in value.split(",") if x]
-        elif key in ("orphan", "recovery_action"):
+        elif key in ("orphan", "recovery_action", "hidden"):
             kw[key] = _pairs(value) if value else None
-        elif key in ("legacy_pids", "memory_v2_unsupported", "memory_na", "library_absent"):
+        elif key in ("legacy_pids", "memory_v2_unsupported", "memory_na", "library_absent", "cuda_absent"):
             kw[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("init_error", "process_api"):
             kw[key] = value or None

@@ -53,6 +53,10 @@ class GpuSpec:
     ecc_volatile_uncorrected: int = 0
     fabric_state: int = 3  #: nvmlGpuFabricState_t: 0 not supported, 1 not started, 2 in progress, 3 completed
     fabric_status: int = 0  #: the nvmlReturn_t of the fabric setup
+    #: An uncorrectable ECC error the GPU could not contain (Xid 95): until a reset every new context fails
+    #: with CUDA_ERROR_ECC_UNCORRECTABLE (214), while NVML still lists the GPU.
+    ecc_uncontained: int = 0
+    inforom_corrupt: int = 0  #: nvmlDeviceValidateInforom answers NVML_ERROR_CORRUPTED_INFOROM
 
     def feature_list(self) -> list[str]:
         return list(self.features) if self.features is not None else model_features(self.name)
@@ -72,6 +76,8 @@ HEALTH_FIELDS = (
     "ecc_volatile_uncorrected",
     "fabric_state",
     "fabric_status",
+    "ecc_uncontained",
+    "inforom_corrupt",
 )
 FEATURES = ("ecc", "remap", "retired", "fabric", "mig")
 
@@ -112,6 +118,10 @@ class Faults:
     memory_na: bool = False  #: per-process usedGpuMemory = NVML_VALUE_NOT_AVAILABLE
     #: GPU -> pids the compute list reports that hold nothing (driver/binding skew, nvitop#181)
     phantom_pids: dict[int, list[int]] = field(default_factory=dict)
+    cuda_absent: bool = False  #: node.env() leaves libcuda.so.1 off the library path (NVML still there)
+    #: GPU -> MiB the driver cannot hand out although NVML does not count them as used: CUDA allocates
+    #: (and cuMemGetInfo reports) that much less than NVML's free
+    hidden: dict[int, int] = field(default_factory=dict)
 
     def recovery(self, gpu: int) -> int:
         """Effective recovery action: explicit, else NONE (0).
@@ -145,6 +155,11 @@ class Description:
     # How long an exiting CUDA process stays in the driver (state D) after its memory is back:
     # 0 on the H200 (the process was gone when its memory was), more to model a task stuck there.
     teardown_hang_ms: int = 0
+    # What a CUDA start costs on an H200 with persistence mode on (docs/results/cuda-facts-h200x1-2026-12-02.json):
+    # cuInit 0.10-0.21 s, cuDevicePrimaryCtxRetain 0.10-0.16 s, cuDevicePrimaryCtxRelease 0.06-0.10 s.
+    cuda_init_ms: int = 100
+    cuda_ctx_ms: int = 120
+    cuda_release_ms: int = 70
     faults: Faults = field(default_factory=Faults)
 
     # ------------------------------------------------------------ building
@@ -195,6 +210,9 @@ class Description:
             f"release_us_per_gib={self.release_us_per_gib}",
             f"context_overhead_mib={self.context_overhead_mib}",
             f"teardown_hang_ms={self.teardown_hang_ms}",
+            f"cuda_init_ms={self.cuda_init_ms}",
+            f"cuda_ctx_ms={self.cuda_ctx_ms}",
+            f"cuda_release_ms={self.cuda_release_ms}",
             f"gpu_count={len(self.gpus)}",
         ]
         for g in self.gpus:
@@ -211,6 +229,7 @@ class Description:
                 f"{p}pci_subsystem_id=0x{g.pci_subsystem_id:08X}",
                 f"{p}lost={int(g.index in f.lost)}",
                 f"{p}orphan_mib={f.orphan.get(g.index, 0)}",
+                f"{p}hidden_mib={f.hidden.get(g.index, 0)}",
                 f"{p}recovery_action={f.recovery(g.index)}",
                 f"{p}features={','.join(g.feature_list())}",
                 *(f"{p}{k}={-1 if k == 'mig_pending' and getattr(g, k) is None else getattr(g, k)}" for k in HEALTH_FIELDS),
@@ -229,6 +248,7 @@ class Description:
             f"fault.hang_gpus={','.join(str(i) for i in f.hang_gpus)}",
             f"fault.recovery_explicit={','.join(f'{k}:{v}' for k, v in sorted(f.recovery_action.items()))}",
             f"fault.phantom_pids={','.join(f'{g}:{p}' for g, pids in sorted(f.phantom_pids.items()) for p in pids)}",
+            f"fault.cuda_absent={int(f.cuda_absent)}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -253,6 +273,7 @@ class Description:
             hang_functions=_split(kv.get("fault.hang_functions", "")),
             hang_gpus=[int(x) for x in _split(kv.get("fault.hang_gpus", ""))],
             recovery_action={int(k): int(v) for k, v in (p.split(":") for p in _split(kv.get("fault.recovery_explicit", "")))},
+            cuda_absent=kv.get("fault.cuda_absent", "0") == "1",
         )
         for pair in _split(kv.get("fault.phantom_pids", "")):
             g, p = pair.split(":")
@@ -283,6 +304,9 @@ class Description:
             orphan = int(kv.get(p + "orphan_mib", "0"))
             if orphan:
                 faults.orphan[i] = orphan
+            hidden = int(kv.get(p + "hidden_mib", "0"))
+            if hidden:
+                faults.hidden[i] = hidden
         return cls(
             gpus=gpus,
             driver_version=kv.get("driver_version", "580.159.04"),
@@ -293,6 +317,9 @@ class Description:
             release_us_per_gib=int(kv.get("release_us_per_gib", "0")),
             context_overhead_mib=int(kv.get("context_overhead_mib", "0")),
             teardown_hang_ms=int(kv.get("teardown_hang_ms", "0")),
+            cuda_init_ms=int(kv.get("cuda_init_ms", "100")),
+            cuda_ctx_ms=int(kv.get("cuda_ctx_ms", "120")),
+            cuda_release_ms=int(kv.get("cuda_release_ms", "70")),
             faults=faults,
         )
 

@@ -18,6 +18,14 @@ It plays the part of nvidia.ko's resource manager for one node:
   which serialises simultaneous deaths about one per ``gap`` like the real
   driver, writes it into the record and deletes the record afterwards.
 
+The simulated libcuda (``tests/sim/nvml/cuda.c``) speaks the same protocol and four more requests:
+``alloc <id> <mib>`` and ``free <id> <mib>`` grow and shrink a context (refused with OOM when it would
+not fit), ``release <id>`` frees a context now, inside the caller's cuDevicePrimaryCtxRelease (answered
+``ok <ms>``: how long the call takes), and ``meminfo <gpu>`` answers ``ok <free MiB> <total MiB>`` as
+cuMemGetInfo sees them. A context is refused with BUSY when its GPU's compute mode is exclusive_process and
+another process holds a context there, or prohibited; with NOTREADY when the NVLink fabric is not up; with ECC
+after an uncontained ECC error (``ecc_uncontained``); memory the ``hidden`` fault names is never handed out.
+
 The daemon must run in the PID namespace of whoever starts the node (tests
 run workloads in child namespaces, where it is as invisible as a kernel).
 While it runs it holds an OFD write lock on byte 0 of ``driver.lock``.
@@ -117,20 +125,51 @@ class Driver:
     def _used_mib(self, gpu: int, overhead: int = 0) -> int:
         return sum(s.mib + overhead for s in self.slots.values() if s.gpu == gpu)
 
-    def _reserve(self, gpu: int, mib: int) -> tuple[int, int] | str:
+    def _free_mib(self, desc: Description, gpu: int) -> int:
+        """What the driver can still hand out on ``gpu`` (mutex held): NVML's free less the hidden fault."""
+        now = time.monotonic_ns()
+        for cid in [c for c, s in self.slots.items() if s.release_ns is not None and s.release_ns <= now]:
+            del self.slots[cid]
+        spec = desc.gpus[gpu]
+        taken = desc.faults.orphan.get(gpu, 0) + desc.faults.hidden.get(gpu, 0) + self._used_mib(gpu, desc.context_overhead_mib)
+        return spec.total_mib - spec.reserved_mib - taken
+
+    def _compute_mode(self, gpu: int) -> int:
+        try:
+            return int((self.state / f"compute_mode.{gpu}").read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def _refusal(self, desc: Description, gpu: int, pid: int) -> str | None:
+        """Why the driver refuses a new context on ``gpu`` for ``pid``, as an error line; None when it does not."""
+        spec = desc.gpus[gpu]
+        if "fabric" in spec.feature_list() and (spec.fabric_state in (1, 2) or spec.fabric_status != 0):
+            return f"error NOTREADY the NVLink fabric of GPU {gpu} is not up (state {spec.fabric_state}): system not yet initialized"
+        if spec.ecc_uncontained:
+            return f"error ECC GPU {gpu} met an uncontained uncorrectable ECC error and needs a reset"
+        mode = self._compute_mode(gpu)
+        if mode == 2:
+            return f"error BUSY GPU {gpu} is in prohibited compute mode"
+        if mode == 3:
+            with self.mutex:
+                others = [c.pid for c in self.contexts.values() if c.gpu == gpu and c.release_ns is None and c.pid != pid]
+            if others:
+                return f"error BUSY GPU {gpu} is in exclusive_process compute mode and process {others[0]} holds a context on it"
+        return None
+
+    def _reserve(self, gpu: int, mib: int, pid: int = 0) -> tuple[int, int] | str:
         """Allocate a context id, or return an error line."""
         desc = self.desc()
         if not 0 <= gpu < len(desc.gpus):
             return f"error BADGPU no GPU {gpu} (the node has {len(desc.gpus)})"
         if gpu in desc.faults.lost:
             return f"error LOST GPU {gpu} has fallen off the bus"
+        refused = self._refusal(desc, gpu, pid)
+        if refused:
+            return refused
         spec = desc.gpus[gpu]
         with self.mutex:
-            now = time.monotonic_ns()
-            for cid in [c for c, s in self.slots.items() if s.release_ns is not None and s.release_ns <= now]:
-                del self.slots[cid]
-            overhead = desc.context_overhead_mib
-            free = spec.total_mib - spec.reserved_mib - desc.faults.orphan.get(gpu, 0) - self._used_mib(gpu, overhead) - overhead
+            free = self._free_mib(desc, gpu) - desc.context_overhead_mib
             if mib > free:
                 return f"error OOM out of memory: {mib} MiB requested, {max(free, 0)} MiB free on GPU {gpu}"
             cid = self.next_id
@@ -147,6 +186,9 @@ class Driver:
                 if line[:1] == ["ping"]:
                     f.write(b"pong\n")
                     return
+                if line[:1] in (["alloc"], ["free"], ["release"], ["meminfo"]):
+                    f.write(self._cuda(line).encode() + b"\n")
+                    return
                 if line[:1] == ["teardown"] and len(line) == 2 and line[1] in ("pause", "resume"):
                     # Tear-down of a sandbox or the node: exits are answered at once meanwhile.
                     if self.teardown is not None:
@@ -161,7 +203,7 @@ class Driver:
             except (ValueError, OSError):
                 return
             pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-            reserved = self._reserve(gpu, mib)
+            reserved = self._reserve(gpu, mib, pid)
             if isinstance(reserved, str):
                 f.write(reserved.encode() + b"\n")
                 return
@@ -189,6 +231,46 @@ class Driver:
                 f.write(f"ok {cid}\n".encode())
             except OSError:
                 pass  # the context exists regardless; the watcher handles its end
+
+    # ---------------------------------------------------------- the CUDA library's requests
+    def _cuda(self, line: list[str]) -> str:
+        """``alloc|free <id> <mib>``, ``release <id>``, ``meminfo <gpu>``: one answer line."""
+        try:
+            args = [int(x) for x in line[1:]]
+        except ValueError:
+            return "error PROTOCOL numbers expected"
+        desc = self.desc()
+        if line[0] == "meminfo":
+            if len(args) != 1 or not 0 <= args[0] < len(desc.gpus):
+                return "error BADGPU no such GPU"
+            spec = desc.gpus[args[0]]
+            with self.mutex:
+                free = self._free_mib(desc, args[0])
+            return f"ok {max(free, 0)} {spec.total_mib - spec.reserved_mib}"
+        if len(args) != (1 if line[0] == "release" else 2):
+            return "error PROTOCOL expected: alloc|free <id> <mib>, release <id>"
+        with self.mutex:
+            ctx = self.contexts.get(args[0])
+            if ctx is None or ctx.release_ns is not None:
+                return f"error INVALID no live context {args[0]}"
+            if line[0] == "alloc":
+                free = self._free_mib(desc, ctx.gpu)
+                if args[1] > free:
+                    return f"error OOM out of memory: {args[1]} MiB requested, {max(free, 0)} MiB free on GPU {ctx.gpu}"
+                ctx.mib += args[1]
+            elif line[0] == "free":
+                ctx.mib = max(0, ctx.mib - args[1])
+            else:
+                # A release tears the context down inside the call: its memory is back when the call returns.
+                now = time.monotonic_ns()
+                wait = desc.cuda_release_ms * 1_000_000
+                ctx.dead_ns, ctx.release_ns = now, now + wait
+                self.last_release[ctx.gpu] = max(self.last_release.get(ctx.gpu, 0), ctx.release_ns)
+            slot = self.slots.get(ctx.id)
+            if slot:
+                slot.mib, slot.release_ns = ctx.mib, ctx.release_ns
+        write_record(self.state, ctx)
+        return f"ok {desc.cuda_release_ms}" if line[0] == "release" else "ok"
 
     # ---------------------------------------------------------- teardown
     def _timing(self, mib: int) -> tuple[int, int]:

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 DEV_FILE_BYTES = 4096  #: device files must be mmappable
 CHAR_DEVICE = (1, 5)  #: major, minor of the character device nodes: /dev/zero's driver
 MS_BIND = 4096
+#: Device files besides one per GPU: the control device, the unified-memory devices, the MIG capabilities.
+EXTRA_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2")
 CRED = struct.Struct("3i")  #: struct ucred: pid, uid, gid
 READY_TIMEOUT = 10.0
 
@@ -335,8 +337,9 @@ class Node:
             # What the driver prints at load, before anything goes wrong.
             self.kernel_message("nvidia: loading out-of-tree module taints kernel.", prio=4)
             self.kernel_message(f"NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  {self.desc.driver_version}  Release Build")
-        names = [f"nvidia{g.minor}" for g in self.desc.gpus] + ["nvidiactl", "nvidia-uvm"]
-        for dev in names:
+        # What the driver's modules and nvidia-modprobe make on a host: a node per GPU, the control device, the
+        # unified-memory devices (every CUDA start needs nvidia-uvm) and the MIG capability devices.
+        for dev in [f"nvidia{g.minor}" for g in self.desc.gpus] + list(EXTRA_DEVICES):
             self._make_device(dev)
         self._start_daemon(detach)
         self.teardown = os.path.ismount(self.state_dir / "teardown")
@@ -380,6 +383,8 @@ class Node:
         cannot be mistaken for this node's contexts."""
         dev = self.dev_dir / name
         link = self.state_dir / "driver" / name
+        for folder in (dev.parent, link.parent):
+            folder.mkdir(parents=True, exist_ok=True)
         for old in (dev, link):
             try:
                 old.unlink()
@@ -401,10 +406,9 @@ class Node:
         nvidia-smi started afterwards open the files there (GPUSIM_DEV_DIR in env())."""
         target = Path(directory)
         libc = ctypes.CDLL(None, use_errno=True)
-        for dev in sorted(self.dev_dir.iterdir()):
-            if not dev.name.startswith("nvidia"):
-                continue
-            dest = target / dev.name
+        for dev in self.device_files():
+            dest = target / dev.relative_to(self.dev_dir)
+            dest.parent.mkdir(exist_ok=True)
             if not dest.exists():
                 dest.touch(mode=0o666)
             if libc.mount(os.fsencode(str(dev)), os.fsencode(str(dest)), None, MS_BIND, None) != 0:
@@ -412,6 +416,17 @@ class Node:
                 raise OSError(err, f"bind-mounting {dev} on {dest}: {os.strerror(err)}")
         self.published = target
         return target
+
+    def device_files(self) -> list[Path]:
+        """The node's device files (``dev/nvidia*``, and the MIG capabilities under ``dev/nvidia-caps``)."""
+        if not self.dev_dir.is_dir():
+            return []
+        out = []
+        for dev in sorted(self.dev_dir.iterdir()):
+            if not dev.name.startswith("nvidia"):
+                continue
+            out += sorted(dev.iterdir()) if dev.is_dir() else [dev]
+        return out
 
     @contextmanager
     def teardown_paused(self) -> Iterator[None]:
@@ -507,7 +522,11 @@ class Node:
         from .teardown import unmount
 
         for dev in self.published.glob("nvidia*"):
-            unmount(dev)
+            if dev.is_dir():
+                for sub in dev.iterdir():
+                    unmount(sub)
+            else:
+                unmount(dev)
         self.published = None
 
     def _kill_holders(self) -> None:
@@ -516,7 +535,7 @@ class Node:
         grandchildren, NVML clients. Never ourselves or our ancestors."""
         mine = ancestors(os.getpid())
         # This node's own files (the published names are bind mounts of them: the same inodes).
-        files = [str(f) for f in self.dev_dir.iterdir()] if self.dev_dir.is_dir() else []
+        files = [str(f) for f in self.device_files()]
         for _unused in range(3):
             pids = holders(files) - mine
             if not pids:
@@ -565,18 +584,23 @@ class Node:
             h.close()
 
     # ------------------------------------------------------------ environment
-    def env(self, include_library: bool | None = None) -> dict[str, str]:
+    def env(self, include_library: bool | None = None, include_cuda: bool | None = None) -> dict[str, str]:
         """Environment for NVML clients of this node: GPUSIM_STATE, and
         LD_LIBRARY_PATH with the simulated libnvidia-ml first (or, with
         include_library=False or the library_absent fault, without it: the
         "library absent" environment). PATH gets the bin dir (nvidia-smi)."""
+        faults = self.description.faults
         if include_library is None:
-            include_library = not self.description.faults.library_absent
+            include_library = not faults.library_absent
+        if include_cuda is None:
+            include_cuda = include_library and not faults.cuda_absent
 
         def strip(var: str, drop: Path) -> list[str]:
             return [p for p in os.environ.get(var, "").split(":") if p and Path(p).resolve() != drop]
 
-        libs = strip("LD_LIBRARY_PATH", self.lib_dir)
+        libs = [p for p in strip("LD_LIBRARY_PATH", self.lib_dir) if Path(p).resolve() != paths.CUDA_DIR]
+        if include_cuda:
+            libs.insert(0, str(paths.CUDA_DIR))
         if include_library:
             libs.insert(0, str(self.lib_dir))
         env = {
@@ -606,7 +630,9 @@ class Node:
         function names); hang={"functions": [...], "gpus": [...]} (or a list of names): those calls never
         return, on those GPUs (empty: all), as in a driver hang; orphan={gpu: mib} and recovery_action={gpu: action} (merged; 0 / None
         removes); legacy_pids=True; memory_v2_unsupported=True; process_api="v1"|"v2"|"v3";
-        memory_na=True; library_absent=True (node.env() drops the library); phantom_pids={gpu: [pid, ...]}
+        memory_na=True; library_absent=True (node.env() drops the library); cuda_absent=True (node.env() drops
+        libcuda.so.1 and keeps NVML); hidden={gpu: mib} (memory CUDA cannot allocate although NVML does not count
+        it as used; merged, 0 / None removes); phantom_pids={gpu: [pid, ...]}
         (the compute list also reports these pids, holding 0 bytes, as a skewed driver/binding does).
         None resets a fault.
         """
@@ -635,13 +661,13 @@ class Node:
                     f.hang_functions, f.hang_gpus = list(_as_list(value)), []
             elif key == "phantom_pids":
                 f.phantom_pids = {} if value is None else {int(g): [int(p) for p in _as_list(pids)] for g, pids in dict(value).items()}
-            elif key in ("orphan", "recovery_action"):
+            elif key in ("orphan", "recovery_action", "hidden"):
                 target: dict[int, int] = getattr(f, key)
                 if value is None:
                     target.clear()
                     continue
                 for gpu, n in dict(value).items():
-                    if n is None or (key == "orphan" and not n):
+                    if n is None or (key in ("orphan", "hidden") and not n):
                         target.pop(int(gpu), None)
                     else:
                         target[int(gpu)] = int(n)
@@ -650,11 +676,11 @@ class Node:
                 if api not in PROCESS_APIS:
                     raise ValueError(f"process_api must be one of {PROCESS_APIS}")
                 f.process_api = api
-            elif key in ("legacy_pids", "memory_v2_unsupported", "memory_na", "library_absent"):
+            elif key in ("legacy_pids", "memory_v2_unsupported", "memory_na", "library_absent", "cuda_absent"):
                 setattr(f, key, bool(value))
             else:
                 raise TypeError(f"unknown fault {key!r}")
-        for gpu in list(f.lost) + list(f.orphan) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.hang_gpus) + list(f.phantom_pids):
+        for gpu in list(f.lost) + list(f.orphan) + list(f.hidden) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.hang_gpus) + list(f.phantom_pids):
             if not 0 <= gpu < len(self.desc.gpus):
                 raise ValueError(f"no GPU {gpu} on this node")
         self.desc.write(self.state_dir)
@@ -711,6 +737,29 @@ class Node:
                     setattr(spec, key, int(value))
                 else:
                     raise TypeError(f"unknown health field {key!r}")
+        self.desc.write(self.state_dir)
+
+    def ecc_error(self, gpu: int, contained: bool = False) -> str:
+        """An uncorrectable ECC error on GPU ``gpu``, as the driver records one: the Xid line (94 contained, 95
+        uncontained), one more volatile uncorrectable error, the failing row marked for remapping (pending until a
+        reset). Uncontained, the GPU also refuses every new context with CUDA_ERROR_ECC_UNCORRECTABLE until a
+        reset, while NVML keeps listing it. Returns the Xid line."""
+        spec = self.desc.gpus[int(gpu)]
+        line = self.xid(gpu, 94 if contained else 95)
+        self.set_health(
+            gpu,
+            ecc_volatile_uncorrected=spec.ecc_volatile_uncorrected + 1,
+            remap_uncorrectable=spec.remap_uncorrectable + 1,
+            remap_pending=1,
+            ecc_uncontained=int(not contained) or spec.ecc_uncontained,
+        )
+        return line
+
+    def set_cuda_timing(self, init_ms: int | None = None, ctx_ms: int | None = None, release_ms: int | None = None) -> None:
+        """How long the simulated libcuda's cuInit, cuDevicePrimaryCtxRetain and cuDevicePrimaryCtxRelease take."""
+        for name, value in (("cuda_init_ms", init_ms), ("cuda_ctx_ms", ctx_ms), ("cuda_release_ms", release_ms)):
+            if value is not None:
+                setattr(self.desc, name, int(value))
         self.desc.write(self.state_dir)
 
     def set_compute_mode(self, gpu: int, mode: int | str) -> None:

@@ -13,6 +13,8 @@ LIB_DIR = BUILD_DIR / "lib"  #: holds libnvidia-ml.so.1
 BIN_DIR = BUILD_DIR / "bin"  #: holds nvidia-smi and gpusim-worker
 GEN_DIR = BUILD_DIR / "gen"  #: generated sources and function lists
 LIBRARY = LIB_DIR / "libnvidia-ml.so.1"
+CUDA_DIR = BUILD_DIR / "cuda"  #: holds libcuda.so.1 (a directory of its own: a node can leave it off the path)
+LIBCUDA = CUDA_DIR / "libcuda.so.1"
 WORKER = BIN_DIR / "gpusim-worker"
 NVIDIA_SMI = BIN_DIR / "nvidia-smi"
 
@@ -28,7 +30,7 @@ def _venv() -> Path:
 def ensure_built() -> None:
     """Run `make -C tests/sim` if a build product is missing (the top-level
     Makefile normally did it already; make is incremental, so this is cheap)."""
-    if all(p.exists() for p in (LIBRARY, WORKER, NVIDIA_SMI)):
+    if all(p.exists() for p in (LIBRARY, WORKER, NVIDIA_SMI, LIBCUDA)):
         return
     proc = subprocess.run(
         ["make", "-s", "-C", str(SIM_ROOT), f"VENV={_venv()}"],

@@ -59,6 +59,24 @@ def cgroup2_base() -> Path | None:
     return None
 
 
+# Run inside the sandbox's mount namespace: a tmpfs over dev/, then a bind mount of each device passed.
+_PASS_DEVICES = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def mount(src, dst, fstype, flags, data):
+    if libc.mount(src.encode(), dst.encode(), fstype.encode() if fstype else None, flags, data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise SystemExit(f"mount {src} on {dst}: {os.strerror(err)}")
+dev, driver = sys.argv[1], sys.argv[2]
+mount("tmpfs", dev, "tmpfs", 0, "mode=0755")
+for name in sys.argv[3:]:
+    dst = os.path.join(dev, name)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    open(dst, "a").close()
+    mount(os.path.join(driver, name), dst, None, 4096, None)  # MS_BIND
+"""
+
+
 class Sandbox:
     """A private PID namespace on a :class:`Node` (see module docstring)."""
 
@@ -196,6 +214,21 @@ class Sandbox:
 
     def alive(self) -> bool:
         return self._init is not None and self._init.alive()
+
+    def pass_devices(self, omit: list[str] | tuple[str, ...] = ()) -> list[str]:
+        """Give the sandbox only some of the node's device files, as an LXC container gets only those its
+        configuration binds (``lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,...``; ``devN`` on Proxmox).
+        Inside its mount namespace a tmpfs covers the node's ``dev/`` and each device file but those named in
+        ``omit`` (``"nvidia-uvm"``, ``"nvidia3"``, ``"nvidia-caps/nvidia-cap1"``) is bind-mounted back from the
+        driver's hard link (the same inode, so the same locks and contexts). Seen from inside, the omitted
+        ones are simply not there; NVML, the workers and libcuda open what is. Returns the names passed."""
+        names = [str(p.relative_to(self.node.dev_dir)) for p in self.node.device_files()]
+        passed = [n for n in names if n not in set(omit)]
+        argv = [sys.executable, "-I", "-S", "-c", _PASS_DEVICES, str(self.node.dev_dir), str(self.node.state_dir / "driver"), *passed]
+        done = subprocess.run(self.nsenter_prefix() + argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"passing devices into sandbox {self.name} failed: {done.stderr.strip()}")
+        return passed
 
     # ------------------------------------------------------------ running things inside
     def nsenter_prefix(self, join_cgroup: bool = False, wd: str | None = None) -> list[str]:

@@ -118,6 +118,8 @@ static void set_gpu_key(sim_config_t *cfg, unsigned idx, const char *key, const 
         g->fabric_state = (unsigned)parse_ull(val);
     else if (strcmp(key, "fabric_status") == 0)
         g->fabric_status = (unsigned)parse_ull(val);
+    else if (strcmp(key, "inforom_corrupt") == 0)
+        g->inforom_corrupt = parse_bool(val);
     else if (strcmp(key, "pci_device_id") == 0)
         g->pci_device_id = (unsigned)parse_ull(val);
     else if (strcmp(key, "pci_subsystem_id") == 0)

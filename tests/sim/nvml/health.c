@@ -230,3 +230,15 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
     *pendingMode = g->mig_pending == (unsigned)-1 ? g->mig_mode : g->mig_pending;
     return sim_leave(NVML_SUCCESS);
 }
+
+/* The infoROM's checksum (DCGM's level-1 "inforom" check): data-centre GPUs answer, a corrupted one says so. */
+nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t device)
+{
+    const sim_gpu_t *g;
+    nvmlReturn_t rc = sim_enter_dev(__func__, device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if ((rc = feature(g, SIM_FEAT_ECC)) != NVML_SUCCESS)
+        return sim_leave(rc);
+    return sim_leave(g->inforom_corrupt ? NVML_ERROR_CORRUPTED_INFOROM : NVML_SUCCESS);
+}

@@ -52,6 +52,7 @@ typedef struct sim_gpu {
     unsigned long long ecc_volatile_unc;
     unsigned fabric_state;  /* nvmlGpuFabricState_t */
     unsigned fabric_status; /* nvmlReturn_t of the fabric setup */
+    unsigned inforom_corrupt;
 } sim_gpu_t;
 
 /* What a GPU model answers (the rest is NVML_ERROR_NOT_SUPPORTED, as on the real one). */

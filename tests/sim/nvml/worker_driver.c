@@ -172,15 +172,46 @@ static int driver_connect(const char *state, char *err, size_t errlen)
     return sock;
 }
 
-/* "error OOM text" -> "text" into err. */
+/* "error OOM text" -> "text" into err, and "OOM" into wk_last_code (the daemon's word for the failure,
+ * which the simulated libcuda turns into a CUresult). */
+char wk_last_code[32];
+
 static void driver_error(const char *reply, char *err, size_t errlen)
 {
     const char *text = reply;
+    snprintf(wk_last_code, sizeof wk_last_code, "%s", "DRIVER");
     if (strncmp(reply, "error ", 6) == 0) {
-        text = strchr(reply + 6, ' ');
-        text = text ? text + 1 : reply + 6;
+        const char *space = strchr(reply + 6, ' ');
+        size_t n = space ? (size_t)(space - (reply + 6)) : strlen(reply + 6);
+        snprintf(wk_last_code, sizeof wk_last_code, "%.*s", (int)(n < sizeof wk_last_code ? n : sizeof wk_last_code - 1), reply + 6);
+        text = space ? space + 1 : reply + 6;
     }
     snprintf(err, errlen, "%s", text[0] ? text : "driver daemon closed the connection");
+}
+
+/* One request to the daemon ("alloc 7 2048", "release 7", "meminfo 3"), its one-line answer into reply.
+ * Returns 0 when the answer starts with "ok", -1 otherwise (err and wk_last_code say why). */
+int wk_request(const char *state, const char *request, char *reply, size_t replylen, char *err, size_t errlen)
+{
+    char line[512];
+    int sock = driver_connect(state, err, errlen);
+    if (sock < 0) {
+        snprintf(wk_last_code, sizeof wk_last_code, "%s", "NODAEMON");
+        return -1;
+    }
+    snprintf(line, sizeof line, "%s\n", request);
+    if (send_line(sock, line) < 0 || recv_line(sock, reply, replylen) < 0) {
+        snprintf(err, errlen, "driver daemon closed the connection");
+        snprintf(wk_last_code, sizeof wk_last_code, "%s", "DRIVER");
+        close(sock);
+        return -1;
+    }
+    close(sock);
+    if (strncmp(reply, "ok", 2) != 0) {
+        driver_error(reply, err, errlen);
+        return -1;
+    }
+    return 0;
 }
 
 /* Create one context of `mib` MiB on GPU index `gpu` (kind: compute, graphics or mps: the
@@ -193,7 +224,9 @@ int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, c
     struct flock fl;
     int sock, fd;
 
+    snprintf(wk_last_code, sizeof wk_last_code, "%s", "DRIVER");
     if (wk_open_device(state, "nvidiactl", 1) < 0 || wk_open_device(state, "nvidia-uvm", 1) < 0) {
+        snprintf(wk_last_code, sizeof wk_last_code, "%s", "NODEV");
         snprintf(err, errlen, "cannot open %s/nvidiactl or nvidia-uvm: %s", wk_dev_dir(state), strerror(errno));
         return -1;
     }
@@ -206,8 +239,10 @@ int wk_create_context(const char *state, unsigned gpu, unsigned long long mib, c
         wk_open_device(state, devname, 1);
     }
     sock = driver_connect(state, err, errlen);
-    if (sock < 0)
+    if (sock < 0) {
+        snprintf(wk_last_code, sizeof wk_last_code, "%s", "NODAEMON");
         return -1;
+    }
     snprintf(line, sizeof line, "register %u %llu %s\n", gpu, mib, kind ? kind : "compute");
     if (send_line(sock, line) < 0 || recv_line(sock, line, sizeof line) < 0) {
         snprintf(err, errlen, "driver daemon closed the connection");

@@ -29,7 +29,7 @@ IMPLEMENTED = {
     "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v3",
     "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2",
     "nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetRunningProcessDetailList",
-    "nvmlDeviceGetFieldValues", "nvmlDeviceGetMigMode", "nvmlDeviceGetComputeMode", "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetFieldValues", "nvmlDeviceGetMigMode", "nvmlDeviceGetComputeMode", "nvmlDeviceGetPersistenceMode", "nvmlDeviceValidateInforom",
     # Health (issue 12, nvml/health.c).
     "nvmlDeviceSetComputeMode", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
     "nvmlDeviceGetRetiredPages", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV",

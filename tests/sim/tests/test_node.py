@@ -58,12 +58,13 @@ def test_stop_leaves_no_process_behind(node) -> None:
 def test_context_manager_and_explicit_path(tmp_path) -> None:
     with Node(path=tmp_path / "n", gpus=2, total_mib=81559, reserved_mib=500, name="NVIDIA H100 80GB HBM3") as n:
         assert n.dev_dir == tmp_path / "n" / "dev"
-        assert sorted(p.name for p in n.dev_dir.iterdir()) == ["nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]
+        assert sorted(p.name for p in n.dev_dir.iterdir()) == ["nvidia-caps", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia1", "nvidiactl"]
+        assert sorted(p.name for p in (n.dev_dir / "nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]
         # Character devices where the machine allows mknod (as root here), else mappable files.
         if n.char_devices:
-            assert all(stat.S_ISCHR(p.stat().st_mode) and p.stat().st_rdev == os.makedev(1, 5) for p in n.dev_dir.iterdir())
+            assert all(stat.S_ISCHR(p.stat().st_mode) and p.stat().st_rdev == os.makedev(1, 5) for p in n.device_files())
         else:
-            assert all(p.stat().st_size >= 4096 for p in n.dev_dir.iterdir())
+            assert all(p.stat().st_size >= 4096 for p in n.device_files())
         assert n.memory(1) == {"used_mib": 0, "reserved_mib": 500, "total_mib": 81559}
         assert n.memory_info(1)["free_mib"] == 81059 and n.memory_info(1)["v1_used_mib"] == 500
         assert n.gpus[1].name == "NVIDIA H100 80GB HBM3"
@@ -84,10 +85,12 @@ def test_uuids_are_deterministic_per_seed() -> None:
 def test_env_keeps_other_library_paths(node, monkeypatch) -> None:
     monkeypatch.setenv("LD_LIBRARY_PATH", f"/opt/x:{node.lib_dir}:/opt/y")
     env = node.env()
-    assert env["LD_LIBRARY_PATH"] == f"{node.lib_dir}:/opt/x:/opt/y"
+    # NVML's directory first, then libcuda's (a directory of its own, so that a node can leave CUDA out).
+    assert env["LD_LIBRARY_PATH"] == f"{node.lib_dir}:{paths.CUDA_DIR}:/opt/x:/opt/y"
     assert env["GPUSIM_STATE"] == str(node.state_dir)
     assert env["PATH"].split(":")[0] == str(node.bin_dir)
     assert node.env(include_library=False)["LD_LIBRARY_PATH"] == "/opt/x:/opt/y"
+    assert node.env(include_cuda=False)["LD_LIBRARY_PATH"] == f"{node.lib_dir}:/opt/x:/opt/y"
 
 
 def test_wait_clean(node, monkeypatch) -> None:
