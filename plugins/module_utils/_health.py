@@ -507,9 +507,10 @@ def fabric_present(readings: t.Iterable[dict[str, t.Any]]) -> bool:
 
 
 # ---------------------------------------------------------------------- verdicts
-def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None) -> dict[str, t.Any]:
-    """``{verdict, evidence, readings}`` of one GPU: each finding a sentence naming its verdict, the verdict the worst."""
-    found: list[tuple[str, str]] = []
+def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None, extra: t.Sequence[tuple[str, str]] = ()) -> dict[str, t.Any]:
+    """``{verdict, evidence, readings}`` of one GPU: each finding a sentence naming its verdict, the verdict the worst.
+    ``extra`` are findings read elsewhere (a failed CUDA start: ``_cuda.finding``), as ``(verdict, sentence)``."""
+    found: list[tuple[str, str]] = list(extra)
     if diagnosis == _reasons.DRIVER_HUNG:
         found.append((REBOOT, "an NVML call on this GPU did not return (the driver is hung)"))
     elif diagnosis == _reasons.GPU_LOST:
@@ -555,12 +556,17 @@ def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None) -> dict[
 
 
 def judge_host(
-    gpu_health: t.Sequence[tuple[int, dict[str, t.Any]]], host: dict[str, t.Any], fail_on: str, stray_xids: t.Sequence[dict[str, t.Any]] = ()
+    gpu_health: t.Sequence[tuple[int, dict[str, t.Any]]],
+    host: dict[str, t.Any],
+    fail_on: str,
+    stray_xids: t.Sequence[dict[str, t.Any]] = (),
+    extra: t.Sequence[tuple[str, str]] = (),
 ) -> dict[str, t.Any]:
     """The host's ``{verdict, fail_on, evidence, host}``: the worst of the GPUs' verdicts (``(index, health)``
     pairs) and the host's own findings; ``stray_xids`` are Xid events of a PCI device no GPU NVML lists has
-    (a GPU that fell off the bus no longer says where it is)."""
-    found: list[tuple[str, str]] = []
+    (a GPU that fell off the bus no longer says where it is); ``extra`` are findings read elsewhere (the software
+    checks, ``_software.findings``), as ``(verdict, sentence)``."""
+    found: list[tuple[str, str]] = list(extra)
     if host.get("mps_daemon"):
         pids = ", ".join(map(str, host["mps_daemon"]))
         found.append((RESTART_APP, f"an MPS daemon is left behind (PID(s) {pids}): stop it (gpuops.clean_slate.gpu_mode_restore with mps: stopped)"))

@@ -150,6 +150,9 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
         if "health" in out["preflight"]:
             # The health verdict is the verify phase's (after the kill, when the job's Xids are in the log).
             out["preflight"]["health"] = False
+        if "cuda_probe" in out["preflight"]:
+            # A CUDA start proves the GPUs the kill and the residue left: the verify phase's, never the before picture's.
+            out["preflight"]["cuda_probe"] = False
     if "kill" in phases:
         with refused("kill"):
             k = out["kill"] = {**phase_params("kill", _kill.argument_spec(), p["kill"]), **scope}

@@ -103,6 +103,30 @@ ORPHANED_CONTEXT = "orphaned_context"
 UNSUPPORTED = "unsupported"
 UNRESPONSIVE = "unresponsive"
 
+# ---------------------------------------------------------------------- startability (gpu_mem_verify's cuda_probe)
+# A GPU NVML reads clean on which a CUDA start failed a moment before the verdict: its diagnosis, with the CUDA
+# error code and what to do in its detail (gpus[].startable has the whole answer).
+#: /dev/nvidia-uvm is absent or cannot be opened: NVML works, every CUDA start fails (cuInit: CUDA_ERROR_UNKNOWN).
+UVM_MISSING = "uvm_missing"
+#: The GPU's device file (or nvidiactl) is absent or cannot be opened here.
+DEVICE_MISSING = "device_missing"
+#: libcuda.so.1 cannot be loaded: NVML works, no CUDA program can start.
+NO_LIBCUDA = "no_libcuda"
+#: CUDA_ERROR_DEVICE_UNAVAILABLE: exclusive_process mode with a context held elsewhere, or prohibited mode.
+CUDA_BUSY = "cuda_busy"
+#: CUDA_ERROR_OUT_OF_MEMORY: less memory can be allocated than a server asks for, whatever NVML reads free.
+CUDA_OOM = "cuda_oom"
+#: CUDA_ERROR_ECC_UNCORRECTABLE: an uncorrectable ECC error the GPU has not been reset from.
+ECC_UNCORRECTABLE = "ecc_uncorrectable"
+#: CUDA_ERROR_SYSTEM_NOT_READY: the NVLink fabric is not up (Fabric Manager has not completed).
+FABRIC_NOT_READY = "fabric_not_ready"
+#: The start did not finish within cuda_probe_timeout (a GPU wedged in the driver); its helper was killed.
+CUDA_HUNG = "cuda_hung"
+#: Any other CUDA error; the detail names the code and the call.
+CUDA_ERROR = "cuda_error"
+#: The probe's own context was still on the GPU after its helper ended.
+CUDA_RESIDUE = "cuda_residue"
+
 # ---------------------------------------------------------------------- groups
 #: What NVML's failures become (_nvml.NvmlError); the GPUs cannot be read, or one GPU cannot.
 NVML = (
@@ -119,8 +143,22 @@ NVML = (
 )
 #: Looking up a container's init (O(containers), pct_exec's container check).
 CONTAINERS = (NOT_RUNNING, NO_SUCH_CONTAINER, PCT_FAILED)
+#: What a failed CUDA start on a GPU is diagnosed as.
+STARTABILITY = (UVM_MISSING, DEVICE_MISSING, NO_LIBCUDA, CUDA_BUSY, CUDA_OOM, ECC_UNCORRECTABLE, FABRIC_NOT_READY, CUDA_HUNG, CUDA_ERROR, CUDA_RESIDUE)
 #: gpu_mem_verify's per-GPU diagnoses, ``clean`` included.
-DIAGNOSES = (CLEAN, BUSY, HELD_BY_PROTECTED, HELD_OUTSIDE_NAMESPACE, ORPHANED_CONTEXT, GPU_LOST, NEEDS_RESET, UNSUPPORTED, UNRESPONSIVE, DRIVER_HUNG)
+DIAGNOSES = (
+    CLEAN,
+    BUSY,
+    HELD_BY_PROTECTED,
+    HELD_OUTSIDE_NAMESPACE,
+    ORPHANED_CONTEXT,
+    GPU_LOST,
+    NEEDS_RESET,
+    UNSUPPORTED,
+    UNRESPONSIVE,
+    DRIVER_HUNG,
+    *STARTABILITY,
+)
 
 #: The reasons each module can fail with; each module's RETURN documentation lists exactly these.
 MODULES: dict[str, tuple[str, ...]] = {

@@ -27,7 +27,7 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _health, _nvml, _probe, _procs, _proctable, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _cuda, _health, _nvml, _probe, _procs, _proctable, _reasons, _software
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     Gpu,
@@ -463,6 +463,8 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     _checks.number("interval", params["interval"], 0.001, 60, unit="seconds")
     _checks.number("probe_timeout", params["probe_timeout"], 0.1, 3600, unit="seconds")
     _checks.number("max_used_mib", params["max_used_mib"], 0, 1048576, unit="MiB")
+    _checks.number("cuda_probe_memory_fraction", params.get("cuda_probe_memory_fraction", 0.9), 0, 0.99)
+    _checks.number("cuda_probe_timeout", params.get("cuda_probe_timeout", 10), 0.1, 3600, unit="seconds")
     _checks.number("expected_count", params["expected_count"], 0, 1024)
     _checks.existing_dir("device_dir", params["device_dir"])
     return _nvml.parse_gpu_selectors(params["gpus"])
@@ -518,11 +520,23 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "fail_on": {"type": "str", "default": "reset_gpu", "choices": ["ok", "restart_app", "reset_gpu", "reboot", "drain", "never"]},
         "since": {"type": "raw"},
         "kernel_log": {"type": "path", "default": "/dev/kmsg"},
+        "cuda_probe": {"type": "bool", "default": True},
+        "cuda_probe_memory_fraction": {"type": "float", "default": 0.9},
+        "cuda_probe_timeout": {"type": "float", "default": 10},
     }
 
 
-def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_log: str, fail_on: str, run: _health.Run | None = None) -> dict[str, t.Any]:
-    """Attach each GPU's ``health`` to its report (Xid events by PCI address) and return the host's."""
+def judge_health(
+    outcome: Outcome,
+    every_gpu: list[Gpu],
+    since: float,
+    kernel_log: str,
+    fail_on: str,
+    run: _health.Run | None = None,
+    software: list[dict[str, t.Any]] | None = None,
+) -> dict[str, t.Any]:
+    """Attach each GPU's ``health`` to its report (Xid events by PCI address; a failed CUDA start) and return the
+    host's (with the software checks' ``software`` findings)."""
     started = time.monotonic()
     source, events = _health.read_xids(since, kernel_log, run)
     buses = {_health.bus_key(g.pci_bus_id) for g in every_gpu if g.pci_bus_id}
@@ -532,12 +546,14 @@ def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_lo
         key = _health.bus_key(report["pci_bus_id"])
         mine = [e for e in events if key is not None and e["bus"] == key]
         readings["xid"] = [{k: v for k, v in e.items() if k != "bus"} for e in mine] if source != "unreadable" else None
-        report["health"] = _health.judge_gpu(readings, report["diagnosis"])
+        started_cuda = _cuda.finding(report.get("startable") or {})
+        report["health"] = _health.judge_gpu(readings, report["diagnosis"], [started_cuda] if started_cuda else [])
         per_gpu.append((report["index"], report["health"]))
     stray = [e for e in events if e["bus"] not in buses]
     host = _health.host_findings(_health.fabric_present(r for r in outcome.health if r))
     host["kernel_log"] = source
-    verdict = _health.judge_host(per_gpu, host, fail_on, stray)
+    extra = [(f["verdict"], f"{f['name']}: {f['text']}") for f in software or []]
+    verdict = _health.judge_host(per_gpu, host, fail_on, stray, extra)
     if source == "unreadable":
         outcome.notes.append(
             f"The kernel log cannot be read ({kernel_log}, journalctl -k): Xid errors are not part of the health verdict; run with become: true."
@@ -545,6 +561,134 @@ def judge_health(outcome: Outcome, every_gpu: list[Gpu], since: float, kernel_lo
     verdict["since"] = round(since, 3)
     verdict["elapsed_s"] = round(time.monotonic() - started, 4)
     return verdict
+
+
+# How long the verification waits, after the CUDA probes, for NVML to read their processes and memory gone (on the
+# H200 it read the GPU idle as soon as a probe had released its context; a killed one is torn down in ~0.2 s).
+CUDA_SETTLE_S = 2.0
+#: Why a GPU gets no CUDA start (``gpus[].startable.skipped``).
+_NOT_READ = "not probed: NVML could not read it"
+_MIG = "not probed: MIG mode is on, and CUDA runs on its instances, which this probe does not start"
+_IN_USE = "not probed: NVML reads it in use, and the probe never takes memory on a GPU in use (only a context on one in exclusive_process or prohibited mode)"
+_CHECK_MODE = "not probed in check mode: a CUDA start takes a context and memory on the GPU for a moment"
+
+
+def gpu_modes(prober: _probe.Prober, gpus: list[Gpu]) -> dict[int, dict[str, t.Any]]:
+    """Compute mode and MIG mode of each GPU that answers (in the prober's helper)."""
+    readable = [g for g in gpus if g.error is None]
+    return {g.index: a.value for g, a in zip(readable, prober.each(_cuda.modes, readable)) if a.error is None}
+
+
+def startability(
+    prober: _probe.Prober,
+    outcome: Outcome,
+    selected: list[Gpu],
+    modes: dict[int, dict[str, t.Any]],
+    devices: dict[str, t.Any],
+    criteria: Criteria,
+    params: t.Mapping[str, t.Any],
+    check_mode: bool,
+) -> dict[str, t.Any]:
+    """Start CUDA on every selected GPU NVML reads clean (a context only on a busy one in exclusive_process or
+    prohibited mode), all at once, each in a helper of its own (``_cuda.probe``); then read NVML until the helpers'
+    processes and memory are gone. Each GPU's report gets ``startable``; a clean GPU whose start failed becomes not
+    clean, diagnosed with the start's reason. Returns the run's summary (``cuda_probe`` in the result)."""
+    began = time.monotonic()
+    fraction, timeout = params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"]
+    reports = {r["index"]: r for r in outcome.gpus}
+    targets: list[_cuda.Target] = []
+    for gpu in selected:
+        report, mode = reports[gpu.index], modes.get(gpu.index, {})
+        why = None
+        if check_mode:
+            why = _CHECK_MODE
+        elif gpu.error is not None or report["diagnosis"] in TERMINAL or report["diagnosis"] == _reasons.UNRESPONSIVE:
+            why = _NOT_READ
+        elif mode.get("mig"):
+            why = _MIG
+        elif report["clean"]:
+            targets.append(_cuda.Target(gpu.index, t.cast(str, gpu.uuid)))
+        elif mode.get("compute_mode") in ("exclusive_process", "prohibited"):
+            targets.append(_cuda.Target(gpu.index, t.cast(str, gpu.uuid), context_only=True))
+        else:
+            why = _IN_USE
+        if why:
+            report["startable"] = {"ok": None, "skipped": why}
+    raw, left_behind = _cuda.probe(targets, fraction, timeout) if targets else ({}, [])
+    probed_at = time.monotonic()
+    back = settle(prober, [g for g in selected if g.index in raw], raw, {i: reports[i]["clean"] for i in raw}, criteria)
+    for target in targets:
+        report = reports[target.gpu]
+        used, total, reserved = report.get("used_mib"), report.get("total_mib"), report.get("reserved_mib") or 0
+        nvml_free = total - reserved - used if total is not None and used is not None else None
+        record = _cuda.judge(
+            raw[target.gpu], target.gpu, fraction, timeout, devices, modes.get(target.gpu, {}).get("compute_mode"), nvml_free, target.context_only
+        )
+        record["gone_after_s"] = back.get(target.gpu)
+        if record["ok"] and back.get(target.gpu) is None:
+            record.update(
+                ok=False,
+                reason=_reasons.CUDA_RESIDUE,
+                detail=f"the CUDA start worked, but NVML still listed its helper (PID {record['pid']}) or its memory {CUDA_SETTLE_S:g} s after"
+                " it ended: the next start would meet it. Check dmesg; a GPU reset or a reboot frees it.",
+            )
+        report["startable"] = record
+        if report["clean"] and not record["ok"]:
+            report.update(clean=False, diagnosis=record["reason"], detail=record["detail"])
+    if left_behind:
+        outcome.notes.append(
+            f"CUDA probe helper process(es) {', '.join(map(str, left_behind))} did not die of SIGKILL within {_cuda.REAP_WAIT_S} s (stuck in the"
+            " driver, state D); they end when the driver lets them."
+        )
+    if check_mode:
+        outcome.notes.append("Check mode: no CUDA start was made (it takes a context and memory on the GPU for a moment).")
+    return {
+        "probed": len(targets),
+        "started": sum(1 for i in raw if reports[i].get("startable", {}).get("ok")),
+        "memory_fraction": fraction,
+        "elapsed_s": round(time.monotonic() - began, 4),
+        "probes_s": round(probed_at - began, 4),
+        "gone_after_s": max((v for v in back.values() if v is not None), default=None),
+        "left_behind": left_behind,
+    }
+
+
+def settle(prober: _probe.Prober, gpus: list[Gpu], raw: dict[int, dict[str, t.Any]], was_clean: dict[int, bool], criteria: Criteria) -> dict[int, float | None]:
+    """Read NVML until no probed GPU lists its probe's helper and each one that was clean is clean again; the seconds
+    that took per GPU (None: still there after ``CUDA_SETTLE_S``)."""
+    began = time.monotonic()
+    # The NVML session's own end was the verification's: the probes came after it.
+    prober.end = max(prober.end or 0.0, began + CUDA_SETTLE_S + prober.probe_timeout + NVML_GRACE_S)
+    out: dict[int, float | None] = {g.index: None for g in gpus}
+    todo = list(gpus)
+    while todo:
+        for reading in read_all(prober, todo):
+            index = reading.gpu.index
+            listed = raw[index]["pid"] in {p.pid for p in reading.processes}
+            if reading.error is None and not listed and (not was_clean[index] or quick_judge(reading, criteria)[0]):
+                out[index] = round(time.monotonic() - began, 4)
+        todo = [g for g in todo if out[g.index] is None]
+        if not todo or time.monotonic() - began >= CUDA_SETTLE_S:
+            break
+        time.sleep(0.01)
+    return out
+
+
+def software_checks(prober: _probe.Prober, outcome: Outcome, selected: list[Gpu], devices: dict[str, t.Any]) -> dict[str, t.Any]:
+    """DCGM level 1's software checks (``_software``): the devices, persistence mode, the environment, the infoROM."""
+    readable = [g for g in selected if g.error is None]
+    inforom = {g.index: a.value if a.error is None else None for g, a in zip(readable, prober.each(_software.read_inforom, readable))}
+    health = {r["index"]: h for r, h in zip(outcome.gpus, outcome.health) if h is not None}
+    persistence = {index: h.get("persistence_mode") for index, h in health.items()}
+    env = _software.environment()
+    # As the result shows them: lists with the GPU's index (JSON has no integer keys).
+    shown = {**devices, "gpus": [{"index": index, **n} for index, n in sorted(devices["gpus"].items())]}
+    return {
+        "devices": shown,
+        "environment": env,
+        "inforom": [{"index": index, "valid": valid} for index, valid in sorted(inforom.items())],
+        "findings": _software.findings(devices, env, persistence, inforom),
+    }
 
 
 def run(module: t.Any) -> dict[str, t.Any]:
@@ -577,6 +721,14 @@ def run(module: t.Any) -> dict[str, t.Any]:
             every_gpu=every,
             health=p.get("health", False),
         )
+        cuda_probe = software = None
+        if p.get("cuda_probe") or p.get("health"):
+            modes = gpu_modes(prober, selected)
+            devices = _software.device_nodes(p["device_dir"], [(g.index, g.minor, bool(modes.get(g.index, {}).get("mig"))) for g in selected], len(every))
+            if p.get("cuda_probe"):
+                cuda_probe = startability(prober, outcome, selected, modes, devices, criteria, p, module.check_mode)
+            if p.get("health"):
+                software = software_checks(prober, outcome, selected, devices)
         try:
             driver = prober.call(NvmlSession.driver_version)
         except CleanSlateError:
@@ -586,7 +738,11 @@ def run(module: t.Any) -> dict[str, t.Any]:
             f"NVML helper process(es) {', '.join(map(str, prober.left_behind))} did not die of SIGKILL within {_probe.REAP_WAIT_S} s (stuck in the"
             " driver, state D); they end when the driver lets them."
         )
-    health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command) if p.get("health") else None
+    health = (
+        judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command, software["findings"] if software else None)
+        if p.get("health")
+        else None
+    )
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
@@ -614,6 +770,8 @@ def run(module: t.Any) -> dict[str, t.Any]:
         "notes": outcome.notes,
         "python": python_facts(),
         "health": health,
+        "cuda_probe": cuda_probe,
+        "software": software,
     }
     if reason is not None and p["fail_on_dirty"]:
         details = {k: v for k, v in result.items() if k != "msg"}

@@ -62,7 +62,8 @@ options:
   verify:
     description:
       - The options of M(gpuops.clean_slate.gpu_mem_verify), for the V(verify) phase; the V(preflight) phase uses them
-        too, with C(timeout=0), C(fail_on_dirty=false) and no O(gpuops.clean_slate.gpu_mem_verify#module:expected_count).
+        too, with C(timeout=0), C(fail_on_dirty=false), no O(gpuops.clean_slate.gpu_mem_verify#module:expected_count), no health
+        verdict and no CUDA probe (the start is proven after the kill and the residue, never before).
     type: dict
     default: {}
   kill:

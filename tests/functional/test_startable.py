@@ -1,0 +1,152 @@
+"""gpu_mem_verify's startability probe and DCGM level 1's software checks through Ansible on the simulated node (issue
+29): a CUDA start on every GPU through the simulated libcuda.so.1, each way the world makes one fail (a container
+without nvidia-uvm, Exclusive_Process with a context held outside it, the fabric not up, an uncontained ECC error,
+less allocatable than NVML reads free, a wedged GPU, no libcuda), named, and the probe itself never left behind."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from support.modules import ModuleRunner, assert_no_traceback
+
+H200_CUDA_TOTAL_MIB = 143771 - 615
+
+
+def verify(mod: ModuleRunner, check: bool = False, **args: object) -> dict:
+    args.setdefault("kernel_log", str(mod.node.kernel_log))
+    args.setdefault("timeout", 0)
+    return mod("gpu_mem_verify", args, check=check)
+
+
+def seconds(result: dict) -> float:
+    return (datetime.datetime.fromisoformat(result["end"]) - datetime.datetime.fromisoformat(result["start"])).total_seconds()
+
+
+def test_an_idle_node_is_proven_startable_and_the_probe_leaves_nothing(mod, node) -> None:
+    r = verify(mod)
+    assert r["_status"] == "ok", r
+    for g in r["gpus"]:
+        s = g["startable"]
+        assert s["ok"] is True and s["reason"] is None and s["context_only"] is False, s
+        # 90 % of what CUDA reports total, in 2 MiB pages; the context's own 527 MiB was taken before.
+        assert s["cuda_total_mib"] == H200_CUDA_TOTAL_MIB and s["cuda_free_mib"] == H200_CUDA_TOTAL_MIB - 527
+        assert s["allocated_mib"] == int(H200_CUDA_TOTAL_MIB * 0.9 * (1 << 20)) >> 20
+        assert next(iter(s["steps"])) == "cuInit" and list(s["steps"])[-1] == "cuDevicePrimaryCtxRelease"
+        assert s["gone_after_s"] is not None
+    assert (r["cuda_probe"]["probed"], r["cuda_probe"]["started"], r["cuda_probe"]["left_behind"]) == (8, 8, [])
+    # Nothing of the probe is left: no context, no memory, and its helpers are gone.
+    assert node.contexts() == [] and all(node.memory(i)["used_mib"] == 0 for i in range(8))
+    pids = {g["startable"]["pid"] for g in r["gpus"]}
+    assert len(pids) == 8 and not any(os.path.exists(f"/proc/{p}") for p in pids)
+    # The software checks: every device file is here and opens, the count matches, nothing to report.
+    sw = r["software"]
+    assert sw["devices"]["uvm"]["ok"] and sw["devices"]["uvm_tools"]["ok"] and sw["devices"]["gpu_files"] == 8
+    assert sw["findings"] == [] and r["health"]["evidence"] == [] and sw["inforom"] == [{"index": i, "valid": True} for i in range(8)]
+    assert "not visible" in sw["environment"]["not_visible"] and "the module's environment" in sw["environment"]["read"]
+    # Check mode makes no start (a context and memory, for a moment), and says so.
+    r = verify(mod, check=True)
+    assert r["_status"] == "ok" and r["cuda_probe"]["probed"] == 0
+    assert all(g["startable"]["ok"] is None and "check mode" in g["startable"]["skipped"] for g in r["gpus"])
+
+
+def test_a_container_without_nvidia_uvm_is_red_while_nvml_reads_clean(node) -> None:
+    sb = node.sandbox(vmid=129)
+    try:
+        sb.pass_devices(omit=["nvidia-uvm", "nvidia-uvm-tools"])  # the LXC passthrough written for major 195 only
+        r = verify(ModuleRunner(node, sb))
+        assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+        for g in r["gpus"]:
+            assert g["used_mib"] == 0 and g["processes"] == []  # NVML reads every GPU clean
+            assert g["clean"] is False and g["diagnosis"] == "uvm_missing"
+            s = g["startable"]
+            assert (s["ok"], s["reason"], s["code"], s["error"], s["step"]) == (False, "uvm_missing", 999, "CUDA_ERROR_UNKNOWN", "cuInit")
+            assert "nvidia-uvm is absent" in g["detail"] and "195" in g["detail"]
+        assert "uvm_missing" in r["msg"]
+        names = [f["name"] for f in r["software"]["findings"]]
+        assert names == ["uvm_missing", "uvm_tools_missing"]
+        assert any(e.startswith("reset_gpu: uvm_missing") for e in r["health"]["evidence"])
+        assert_no_traceback(r)
+        # Without the probe the software check alone still fails it (at the default fail_on).
+        r = verify(ModuleRunner(node, sb), cuda_probe=False)
+        assert (r["_status"], r["reason"]) == ("failed", "unhealthy") and r["cuda_probe"] is None, r
+        assert all(g["clean"] for g in r["gpus"]) and "uvm_missing" in r["msg"]
+    finally:
+        sb.stop()
+
+
+def test_exclusive_process_with_a_context_held_outside_the_container_is_cuda_busy(node) -> None:
+    node.set_compute_mode(2, "exclusive_process")
+    held = node.spawn_worker(gpus=[2], mib=500)  # on the host: the container lists no process for it
+    sb = node.sandbox(vmid=130)
+    try:
+        r = verify(ModuleRunner(node, sb))
+        assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+        g2 = r["gpus"][2]
+        assert g2["diagnosis"] == "held_outside_namespace" and g2["processes"] == []
+        s = g2["startable"]
+        assert (s["reason"], s["code"], s["error"], s["step"], s["context_only"]) == (
+            "cuda_busy",
+            46,
+            "CUDA_ERROR_DEVICE_UNAVAILABLE",
+            "cuDevicePrimaryCtxRetain",
+            True,
+        )
+        assert "exclusive_process" in s["detail"] and "cannot see" in s["detail"]
+        assert any("cuda_busy" in e for e in g2["health"]["evidence"])
+        assert all(g["startable"]["ok"] for i, g in enumerate(r["gpus"]) if i != 2)
+        assert held.alive() and [c["pid"] for c in node.contexts()] == [held.pid]  # the holder is untouched, the probe gone
+    finally:
+        sb.stop()
+
+
+def test_each_failure_is_named_with_its_code_and_a_hung_start_returns_on_time(mod, node) -> None:
+    node.set_health(1, fabric_state="in_progress")
+    node.ecc_error(3)
+    node.set_fault(hidden={4: 30000}, hang={"functions": ["cuDevicePrimaryCtxRetain"], "gpus": [5]})
+    r = verify(mod, cuda_probe_timeout=2, fail_on="never")
+    assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+    named = {g["index"]: (g["diagnosis"], g["startable"]["code"], g["startable"]["step"]) for g in r["gpus"] if not g["clean"]}
+    assert named == {
+        1: ("fabric_not_ready", 802, "cuInit"),
+        3: ("ecc_uncorrectable", 214, "cuDevicePrimaryCtxRetain"),
+        4: ("cuda_oom", 2, "cuMemAlloc_v2"),
+        5: ("cuda_hung", None, "cuDevicePrimaryCtxRetain"),
+    }
+    g4 = r["gpus"][4]
+    assert g4["used_mib"] == 0 and g4["startable"]["cuda_free_mib"] == H200_CUDA_TOTAL_MIB - 527 - 30000
+    assert "NVML reads 143156 MiB free" in g4["detail"]
+    assert "systemctl start nvidia-fabricmanager" in r["gpus"][1]["detail"] and "nvidia-smi -r" in r["gpus"][3]["detail"]
+    # The hung start was killed at its deadline; the run came back, and nothing of any probe is left.
+    assert "within 2 s" in r["gpus"][5]["detail"] and seconds(r) <= 2 + 2 + 6, seconds(r)
+    assert r["gpus"][5]["health"]["verdict"] == "reboot" and r["gpus"][4]["health"]["verdict"] == "reset_gpu"
+    assert node.contexts() == [] and r["cuda_probe"]["left_behind"] == []
+    assert [g["startable"]["ok"] for g in r["gpus"]] == [True, False, True, False, False, False, True, True]
+
+
+def test_no_libcuda_and_the_software_findings(node) -> None:
+    node.set_fault(cuda_absent=True)
+    node.set_health(6, persistence=0, inforom_corrupt=1)
+    sb = node.sandbox()
+    try:
+        args = {"timeout": 0, "kernel_log": str(node.kernel_log), "fail_on": "never"}
+        r = ModuleRunner(node, sb)("gpu_mem_verify", args, env={"CUDA_INJECTION64_PATH": "/opt/hook.so"})
+        assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+        assert {g["diagnosis"] for g in r["gpus"]} == {"no_libcuda"}
+        assert "libcuda.so.1" in r["gpus"][0]["detail"] and r["gpus"][0]["startable"]["step"] == "dlopen"
+        found = {(f["name"], f["verdict"], f["gpu"]) for f in r["software"]["findings"]}
+        assert found == {("persistence_off", "ok", 6), ("cuda_env", "restart_app", None), ("inforom_corrupt", "drain", 6)}
+        assert r["software"]["environment"]["found"][0]["where"] == "the module's environment"
+        assert r["health"]["verdict"] == "drain"
+    finally:
+        sb.stop()
+
+
+def test_bad_probe_options_are_refused_before_anything_runs(mod, node, sandbox) -> None:
+    for option, value in (("cuda_probe_memory_fraction", 1.5), ("cuda_probe_memory_fraction", "nan"), ("cuda_probe_timeout", 0)):
+        r = verify(mod, **{option: value})
+        assert (r["_status"], r["reason"], r["option"]) == ("failed", "bad_arguments", option), r
+    job = sandbox.spawn_worker(gpus=[0], mib=1000)
+    r = mod("clean_slate_node", {"verify": {"cuda_probe_memory_fraction": -0.1}, "kill": {"gpus": [0]}})
+    assert (r["_status"], r["reason"], r["phase"]) == ("failed", "bad_arguments", "preflight"), r
+    assert "cuda_probe_memory_fraction" in r["msg"] and job.alive()  # refused before anything was signalled

@@ -1,0 +1,59 @@
+"""_cuda: a failed CUDA start named from its code, the call and the device files, and the probe's helper: forked,
+answering on a pipe, reaped, with CUDA never loaded in the calling process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda
+
+DEVICES_OK = {"uvm": {"ok": True, "why": None}, "gpus": {0: {"ok": True, "why": None}}, "uvm_major": 511}
+
+
+def judged(raw: dict, devices: dict | None = None, mode: str | None = "default", free: int | None = 143156) -> dict:
+    return _cuda.judge({"steps": {}, **raw}, 0, 0.9, 10, devices or DEVICES_OK, mode, free)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason", "words"),
+    [
+        ({"code": 2, "step": "cuMemAlloc_v2", "cuda_total_mib": 143156, "cuda_free_mib": 112629}, "cuda_oom", "NVML reads 143156 MiB free"),
+        ({"code": 46, "step": "cuDevicePrimaryCtxRetain"}, "cuda_busy", "gpu_mode_restore"),
+        ({"code": 214, "step": "cuDevicePrimaryCtxRetain"}, "ecc_uncorrectable", "nvidia-smi -r"),
+        ({"code": 802, "step": "cuInit"}, "fabric_not_ready", "nvidia-fabricmanager"),
+        ({"hung": "cuDevicePrimaryCtxRetain", "waited_s": 10}, "cuda_hung", "stuck in cuDevicePrimaryCtxRetain"),
+        ({"step": "dlopen", "dlopen_error": "libcuda.so.1: cannot open shared object file"}, "no_libcuda", "user-space libraries"),
+        ({"code": 35, "step": "cuInit"}, "cuda_error", "older than the kernel module"),
+        ({"code": 999, "step": "cuInit"}, "cuda_error", "nvidia-uvm module is loaded"),
+    ],
+)
+def test_each_failure_is_named_with_its_code_and_what_to_do(raw, reason, words) -> None:
+    record = judged(raw)
+    assert record["ok"] is False and record["reason"] == reason and words in record["detail"], record
+    assert record["code"] == raw.get("code") and (record["error"] or "").startswith("CUDA_ERROR" if raw.get("code") else "")
+    verdict, text = _cuda.finding(record)
+    assert verdict == _cuda.VERDICTS[reason] and text.startswith(reason)
+
+
+def test_the_device_files_decide_between_uvm_missing_and_a_missing_gpu() -> None:
+    no_uvm = {**DEVICES_OK, "uvm": {"ok": False, "why": "/dev/nvidia-uvm is absent"}}
+    record = judged({"code": 999, "step": "cuInit"}, no_uvm)
+    assert record["reason"] == "uvm_missing" and "major number is 511" in record["detail"] and "195" in record["detail"]
+    no_gpu = {**DEVICES_OK, "gpus": {0: {"ok": False, "why": "/dev/nvidia0 is present but cannot be opened (Operation not permitted)"}}}
+    assert judged({"code": 100, "step": "cuInit"}, no_gpu)["reason"] == "device_missing"
+    # A start that worked is no finding, whatever the files say.
+    ok = judged({"ok": True, "allocated_mib": 128840}, no_uvm)
+    assert ok["ok"] is True and ok["reason"] is None and _cuda.finding(ok) is None and "128840 MiB" in ok["detail"]
+
+
+def test_the_helper_answers_without_cuda_in_this_process(monkeypatch) -> None:
+    # No libcuda on the path: the helper answers that it cannot load it, and is reaped.
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")
+    raw, left = _cuda.probe([_cuda.Target(0, "GPU-00000000-0000-0000-0000-000000000000")], 0.9, 10)
+    assert left == [] and raw[0]["step"] == "dlopen" and "libcuda.so.1" in raw[0]["dlopen_error"]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(raw[0]["pid"], os.WNOHANG)  # already reaped
+    with open("/proc/self/maps", encoding="utf-8") as fh:
+        assert "libcuda" not in fh.read()  # the module process never loads CUDA
