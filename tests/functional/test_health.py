@@ -111,7 +111,10 @@ def test_a_failed_row_remap_is_drain(mod, node, how) -> None:
 def test_a_fabric_not_up_without_fabric_manager_is_reset_gpu_and_says_start_it(mod, node, sandbox) -> None:
     node.set_health([0, 1], fabric_state="in_progress")
     r = verify(mod)
-    assert (r["_status"], r["reason"]) == ("failed", "unhealthy"), r
+    # CUDA cannot start there (error 802): the GPUs are not clean, whatever the health verdict says (issue 29).
+    assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+    assert [g["diagnosis"] for g in r["gpus"][:3]] == ["fabric_not_ready", "fabric_not_ready", "clean"]
+    assert r["gpus"][0]["startable"]["code"] == 802 and r["health"]["verdict"] == "reset_gpu"
     assert r["gpus"][0]["health"]["readings"]["fabric"] == {"state": "in_progress", "status": 0}
     assert r["health"]["host"]["fabricmanager"] == "not_running"
     assert any("nvidia-fabricmanager is not running" in e for e in r["health"]["evidence"])
