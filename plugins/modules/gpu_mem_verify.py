@@ -152,7 +152,7 @@ options:
       - Seconds one GPU's CUDA start may take, from 0.1 to 3600; a start still running then has its helper killed and its
         GPU is V(cuda_hung), named by the call it was stuck in. The module returns within this plus about 2.5 s after the
         polling even when a start hangs.
-      - Without persistence mode the first start on an idle GPU re-initialises it (seconds): raise it there.
+      - Without persistence mode the first start on an idle GPU re-initialises it (seconds); raise it there.
     type: float
     default: 10
 requirements:
