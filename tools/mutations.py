@@ -94,8 +94,8 @@ MUTATIONS = [
     Mutation(
         "residue-dir-socket-ignored",
         "gpu_job_residue ignores the sockets inside a candidate directory when it looks for bound sockets",
-        [("plugins/module_utils/_residue.py", "        elif item.tree_sockets:\n", "        elif False:\n")],
-        "tests/unit/plugins/module_utils/test__residue.py -k test_a_directory_with_a_socket_a_live_process_is_bound_to_is_held",
+        [("plugins/module_utils/_residue/owners.py", "        elif item.tree_sockets:\n", "        elif False:\n")],
+        "tests/unit/plugins/module_utils/_residue/test_owners.py -k test_a_directory_with_a_socket_a_live_process_is_bound_to_is_held",
     ),
     Mutation(
         "sim-holders-by-path",

@@ -39,7 +39,7 @@ import stat
 import time
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _reasons, _xids
 
 try:
     import pynvml
@@ -91,62 +91,15 @@ def fails(verdict: str, fail_on: str) -> bool:
 
 
 # ---------------------------------------------------------------------- Xid catalog
-# NVIDIA's Xid catalog gives each Xid a "resolution bucket", the immediate action
-# (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html; the buckets RESTART_APP,
-# RESET_GPU, RESTART_BM (reboot the bare-metal node), CONTACT_SUPPORT / CHECK_MECHANICALS (service: drain)
-# and IGNORE). The Xids below are those the catalog, the k8s device plugin (NVIDIA/k8s-device-plugin#1340:
-# 13, 31, 43, 45, 68, 109 are application-level) and gpud (leptonai/gpud PR#80: 63 needs a reset, 64 an RMA)
-# agree on; an Xid not listed here is not guessed harmless: it counts as RESET_GPU, and says so.
-XID_BUCKETS: dict[int, str] = {
-    # Application errors: the GPU is fine once the application is gone.
-    8: "RESTART_APP",  # GPU stopped processing (channel timeout)
-    13: "RESTART_APP",  # graphics engine exception (an illegal access in a kernel)
-    31: "RESTART_APP",  # GPU memory page fault
-    32: "RESTART_APP",  # invalid or corrupted push buffer stream
-    43: "RESTART_APP",  # GPU stopped processing (the channel was reset)
-    45: "RESTART_APP",  # preemptive cleanup: the driver ended the channels of a process that ended
-    68: "RESTART_APP",  # NVDEC0 exception
-    69: "RESTART_APP",  # graphics engine class error
-    94: "RESTART_APP",  # contained ECC error: only the application that touched the memory was ended
-    109: "RESTART_APP",  # context switch timeout
-    # Informational: corrected errors.
-    92: "IGNORE",  # high single-bit ECC error rate (corrected)
-    # The GPU needs a reset.
-    38: "RESET_GPU",  # driver firmware error
-    44: "RESET_GPU",  # graphics engine fault during context switch
-    48: "RESET_GPU",  # double-bit ECC error: drain, reset (next-start-facts §4)
-    57: "RESET_GPU",  # error programming video memory interface
-    61: "RESET_GPU",  # internal micro-controller breakpoint/warning
-    62: "RESET_GPU",  # internal micro-controller halt
-    63: "RESET_GPU",  # row remapping pending: takes effect at the next GPU reset
-    74: "RESET_GPU",  # NVLink error
-    95: "RESET_GPU",  # uncontained ECC error
-    119: "RESET_GPU",  # GSP RPC timeout
-    120: "RESET_GPU",  # GSP error
-    121: "RESET_GPU",  # C2C link corrected error
-    140: "RESET_GPU",  # unrecovered ECC error
-    143: "RESET_GPU",  # GPU initialisation failure
-    144: "RESET_GPU",  # NVLink SAW error
-    145: "RESET_GPU",  # NVLink RLW error
-    146: "RESET_GPU",  # NVLink TLW error
-    147: "RESET_GPU",  # NVLink TREX error
-    148: "RESET_GPU",  # NVLink NVLPW_CTRL error
-    149: "RESET_GPU",  # NVLink NETIR error
-    150: "RESET_GPU",  # NVLink MSE error
-    # The node must be rebooted.
-    79: "RESTART_BM",  # GPU has fallen off the bus
-    # Service: field diagnosis, likely an RMA.
-    64: "CONTACT_SUPPORT",  # row remapping failure
-    # 154 carries the new recovery action in its text; see xid_bucket().
-}
+#: The verdict of each bucket of the Xid catalog (the table itself: :mod:`._xids`).
 BUCKET_VERDICTS = {
-    "IGNORE": OK,
-    "RESTART_APP": RESTART_APP,
-    "RESET_GPU": RESET_GPU,
-    "RESTART_BM": REBOOT,
-    "CONTACT_SUPPORT": DRAIN,
-    "DRAIN_P2P": DRAIN,
-    "UNKNOWN": RESET_GPU,
+    _xids.IGNORE: OK,
+    _xids.RESTART_APP: RESTART_APP,
+    _xids.RESET_GPU: RESET_GPU,
+    _xids.RESTART_BM: REBOOT,
+    _xids.CONTACT_SUPPORT: DRAIN,
+    _xids.DRAIN_P2P: DRAIN,
+    _xids.UNKNOWN: RESET_GPU,
 }
 
 # Xid 154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)".
@@ -164,7 +117,6 @@ RECOVERY_VERDICTS = {
 }
 # NVML's recovery action codes by name: one table, _nvml's (the verify module reads the same field).
 RECOVERY_NAMES = _nvml.RECOVERY_ACTIONS
-_XID154_BUCKETS = {"none": "IGNORE", "gpu_reset": "RESET_GPU", "node_reboot": "RESTART_BM", "drain_p2p": "DRAIN_P2P", "drain_and_reset": "DRAIN_P2P"}
 
 
 def xid_bucket(xid: int, text: str = "") -> str:
@@ -172,8 +124,9 @@ def xid_bucket(xid: int, text: str = "") -> str:
     if xid == 154:
         m = _XID154_TO.search(text)
         name = RECOVERY_NAMES.get(int(m.group(1), 16)) if m else None
-        return _XID154_BUCKETS.get(name or "", "RESET_GPU")
-    return XID_BUCKETS.get(xid, "UNKNOWN")
+        return _xids.XID154_BUCKETS.get(name or "", _xids.RESET_GPU)
+    entry = _xids.XIDS.get(xid)
+    return entry.bucket if entry is not None else _xids.UNKNOWN
 
 
 # ---------------------------------------------------------------------- the kernel log

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ansible.module_utils.basic import missing_required_lib
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _probe, _procs, _reasons, _scope, _signals
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _probe, _procs, _protection, _reasons, _scope, _signals
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._procs import Candidate, Plan
 
@@ -338,12 +338,16 @@ def build_request(
     validate(p)
     selectors = _nvml.parse_gpu_selectors(p["gpus"])
     patterns = _procs.compile_patterns(p["patterns"])
-    users = _procs.resolve_users(p["users"])
-    protect = _procs.protect_list(p["protect"], p["unprotect"])
+    protect = _protection.protect_list(p["protect"], p["unprotect"])
+    # The host's users are checked before NVML is asked; a container's are its own, known once its init is.
+    users = None if p.get("containers") else _procs.users_by_scope(p["users"], [])
     where = compile_where(p["where"])
     use_nvml = "nvml" in p["discovery"]
     facts = _nvml.gpus_and_processes(selectors, use_nvml, p["device_dir"], notes, prober)
     files_ok = sources(p, facts, patterns, warnings)
+    scopes = scopes_of()
+    if scopes:
+        users = _procs.users_by_scope(p["users"], scopes)
     request = _procs.Request(
         gpus=facts.selected,
         all_gpus=not selectors,
@@ -355,7 +359,7 @@ def build_request(
         users=users,
         include_children=p["include_children"],
         process_group=p["process_group"],
-        scopes=scopes_of(),
+        scopes=scopes,
         device_dir=p["device_dir"],
         protect=protect,
         kill_management_clients=p["kill_management_clients"],

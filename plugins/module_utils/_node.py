@@ -13,7 +13,7 @@ residue, the verification) and more with pre-stop commands; this runs them
 in one process, each through the entry point of its own module, so that each
 phase's result is exactly what that module returns on its own, and an option
 added to a module reaches the umbrella through the argument spec the two share
-(``_verify.argument_spec()``, ``_kill.argument_spec()``, ``_residue.argument_spec()``).
+(``_verify.argument_spec()``, ``_kill.argument_spec()``, ``_residue.module.argument_spec()``).
 
 The phases, in order, each only when selected (``phases``):
 
@@ -55,12 +55,13 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
     _nvml,
     _pct,
     _procs,
+    _protection,
     _reasons,
-    _residue,
     _signals,
     _verify,
 )
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import module as residue_module
 
 #: The phases, in the order they run.
 PHASES = ("preflight", "kill", "residue", "restore", "verify")
@@ -159,7 +160,7 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
             _kill.validate(k)
             _nvml.parse_gpu_selectors(k["gpus"])
             _procs.compile_patterns(k["patterns"])
-            _procs.protect_list(k["protect"], k["unprotect"])
+            _protection.protect_list(k["protect"], k["unprotect"])
             _kill.compile_where(k["where"])
     if "restore" in phases:
         # Imported only when the (opt-in) phase runs: every module run pays for what it imports (issue 13).
@@ -170,8 +171,8 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
             _restore.validate(out["restore"])
     if "residue" in phases:
         with refused("residue"):
-            r = out["residue"] = {**phase_params("residue", _residue.argument_spec(), p["residue"]), **scope}
-            _residue.build_request(r, list)  # checks every option; the containers are looked up when it runs
+            r = out["residue"] = {**phase_params("residue", residue_module.argument_spec(), p["residue"]), **scope}
+            residue_module.build_request(r, list)  # checks every option; the containers are looked up when it runs
     return out
 
 
@@ -273,7 +274,7 @@ def kill_phase(module: t.Any, params: dict[str, t.Any], check_mode: bool) -> dic
 
 def residue_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
     phase = Phase(module, params, module.check_mode)
-    body = _residue.ModuleRun(_pct.scopes_of(phase))
+    body = residue_module.ModuleRun(_pct.scopes_of(phase))
     return _module.outcome(phase, body, "gpu_job_residue", details=body.details)
 
 

@@ -26,101 +26,25 @@ device files' holders): :func:`from_nvml`, :func:`from_device_files`,
 :func:`from_patterns`, :func:`widen` (children, process groups), then
 :func:`protect_and_filter`.
 
-Protection is applied after discovery and cannot be switched off for the
-core cases: PID 1 of any namespace, kernel threads, this module, its
-ancestors and the processes it started, every Ansible process on the host,
-processes outside the container scope.
+Protection is applied after discovery (:func:`protect_and_filter`), so no
+option can select a protected process; the rules, and why each exists, are
+:mod:`._protection`'s.
 
-Two kinds of protection are tied to what a process *is*, not to the name it
-gives itself (anyone can ``exec -a nvidia-persistenced`` or call
-``prctl(PR_SET_NAME)``):
-
-* Ansible's processes. Under ``async`` the module is detached from the
-  controller, which is then no longer an ancestor; so the controller, its
-  workers, ``ansible-connection``, async wrappers and other modules are
-  recognised by how Ansible starts them (see :func:`ansible_process`).
-* Protected daemons, by the basename of ``/proc/PID/exe`` (see
-  :func:`protection`); comm and argv[0] count only when the executable cannot
-  be read, which keeps such a process on the safe side.
+``users`` means, in a container scope, the container's users
+(:func:`resolve_users`).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
-import shlex
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _reasons, _scope
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _protection, _reasons, _scope
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
-# Protected unless the user removes a name explicitly with `unprotect`.
-DEFAULT_PROTECT = (
-    # NVIDIA management daemons: SIGKILLing them can wedge the GPU until reboot (dcgm-exporter#84).
-    "nvidia-persistenced",
-    "nv-hostengine",
-    "dcgm-exporter",
-    "nvidia-dcgm",
-    "nvidia-fabricmanager",
-    "nv-fabricmanager",
-    "nvidia-imex",
-    "nvidia-device-plugin",
-    "gpu-feature-discovery",
-    # Display servers hold the GPU on purpose.
-    "Xorg",
-    "X",
-    "Xwayland",
-    "gnome-shell",
-    "kwin_wayland",
-    "kwin_x11",
-    "gdm*",
-    "sddm",
-    "lightdm",
-    # The system itself, so that no pattern can take the host or its Proxmox services down.
-    "init",
-    "systemd",
-    "systemd-*",
-    "sshd",
-    "sshd-session",
-    "sshd-auth",
-    "dbus-daemon",
-    "dbus-broker",
-    "cron",
-    "agetty",
-    "containerd",
-    "dockerd",
-    "lxc-start",
-    "lxcfs",
-    "pmxcfs",
-    "pvedaemon*",
-    "pveproxy*",
-    "pvestatd",
-    "pvescheduler",
-    "pve-firewall",
-    "pve-ha-*",
-    "qmeventd",
-    "corosync",
-    "kvm",
-    "qemu-system-*",
-)
-
-# Proxmox VE's daemons are Perl programs that name themselves through $0 ("pvedaemon worker"): their
-# executable is perl, so for them (only) the name counts, and only when the executable is perl.
-PERL_DAEMONS = frozenset({"pvedaemon*", "pveproxy*", "pvestatd", "pvescheduler", "pve-firewall", "pve-ha-*"})
-_PERL = re.compile(r"^perl[0-9.]*$")
-# Executables that run a script named on their command line: the script says what the process is.
-_INTERPRETER = re.compile(r"^(?:python|pypy|perl|ruby|node|nodejs|bash|sh|dash|ksh|zsh|lua|php)[0-9.]*$")
-_PYTHON = re.compile(r"^(?:python|pypy|platform-python)[0-9.]*$")
-_SHELL = re.compile(r"^(?:sh|bash|dash|ksh|zsh)$")
-# ansible, ansible-playbook, ansible-connection, ansible-runner, ... (and python -m ansible / ansible_runner).
-_ANSIBLE_PROGRAM = re.compile(r"^ansible(?:[-_][a-z][a-z_-]*)?$")
-# Words only Ansible puts on a command line: its module payloads (also under async_wrapper), its
-# remote and local temporary directories, the marker of its become wrapper, and the default control
-# path of its SSH connections (the clients and their ControlPersist master, "ssh: ~/.ansible/cp/... [mux]").
-_ANSIBLE_MARKS = ("AnsiballZ_", "/ansible-tmp-", "/ansible-local-", "BECOME-SUCCESS-", "/.ansible/cp/")
-_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "-o", "+o"})
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass
@@ -191,7 +115,7 @@ class Request:
     use_nvml: bool = True
     use_device_files: bool = True
     patterns: list[re.Pattern[str]] = field(default_factory=list)
-    users: set[int] | None = None
+    users: dict[int | None, set[int]] | None = None  # uids per container scope (None: the host), from users_by_scope
     include_children: bool = False
     process_group: bool = False
     scopes: list[_scope.Scope] = field(default_factory=list)
@@ -233,45 +157,88 @@ def compile_patterns(patterns: t.Sequence[str], option: str = "patterns") -> lis
     return compiled
 
 
-def resolve_users(users: t.Sequence[t.Any]) -> set[int] | None:
-    """User names or uids to uids (None when no filter)."""
+def resolve_users(users: t.Sequence[t.Any], scope: _scope.Scope | None = None, owners: t.Callable[[], t.AbstractSet[int]] | None = None) -> set[int] | None:
+    """The uids, as this host sees them, of the users ``users`` names (names or uids) in one scope; None when no filter.
+
+    ``users`` means what a user of that scope means by it. On the host (``scope`` None) a name comes from the
+    host's user database and a uid must be one the host knows: in its passwd, in a subordinate id range
+    (/etc/subuid: an unprivileged LXC container's root is uid 100000 on its Proxmox host, with no passwd entry) or
+    running a live process. In a container a name comes from the container's own /etc/passwd (read through
+    ``/proc/<init>/root``, never following a symbolic link) and a uid must be in that passwd or run a live process;
+    each is then mapped to the host's uid through the init's uid_map (an unprivileged container's ``root`` is the
+    host's 100000, its uid 1000 the host's 101000). ``owners`` gives the host uids owning what the caller looks
+    at (the residue's candidates: a dead job's files outlive its processes); a uid among them is known too.
+
+    Anything else is refused with ``bad_arguments``: a typo would select nothing, and the run would look clean.
+    """
     if not users:
         return None
-    import pwd
-
-    uids = set()
+    if scope is None:
+        return {_host_uid(str(user), owners) for user in users}
+    names = _container_passwd(scope.init_pid)
+    mapping = _uid_map(scope.init_pid)
+    out = set()
     for user in users:
         text = str(user)
         if text.isdigit():
             uid = int(text)
-            # A typo in a uid would otherwise silently select nothing, and the run would look clean. But a
-            # uid need not be in passwd to be real: an unprivileged LXC container's root is uid 100000 on
-            # its Proxmox host, which has no passwd entry for it. So a uid counts when passwd knows it, a
-            # subordinate id range (/etc/subuid) holds it, or a live process runs under it.
-            if not _uid_known(uid):
-                raise CleanSlateError(
-                    f"users: no user with uid {text} on this host (not in passwd, not in /etc/subuid, and no process runs as it).",
-                    reason=_reasons.BAD_ARGUMENTS,
-                    option="users",
-                )
-            uids.add(uid)
-            continue
-        try:
-            uids.add(pwd.getpwnam(text).pw_uid)
-        except KeyError:
-            raise CleanSlateError(f"users: no user named {text!r} on this host.", reason=_reasons.BAD_ARGUMENTS, option="users") from None
-    return uids
+        elif text in names:
+            uid = names[text]
+        else:
+            raise CleanSlateError(f"users: no user named {text!r} in container {scope.vmid}.", reason=_reasons.BAD_ARGUMENTS, option="users")
+        host_uid = _map_uid(uid, mapping)
+        if host_uid is None:
+            raise CleanSlateError(
+                f"users: uid {uid} of container {scope.vmid} has no uid on this host (outside the container's uid_map).",
+                reason=_reasons.BAD_ARGUMENTS,
+                option="users",
+            )
+        if text.isdigit() and uid not in names.values() and not _uid_running(host_uid) and not (owners is not None and host_uid in owners()):
+            raise CleanSlateError(
+                f"users: no user with uid {text} in container {scope.vmid} (not in its passwd, no process runs as it{_AND_OWNS if owners else ''}).",
+                reason=_reasons.BAD_ARGUMENTS,
+                option="users",
+            )
+        out.add(host_uid)
+    return out
 
 
-def _uid_known(uid: int) -> bool:
-    """Whether ``uid`` is a user of this host: in passwd, in a subordinate id range, or running a process."""
+def users_by_scope(users: t.Sequence[t.Any], scopes: t.Sequence[_scope.Scope]) -> dict[int | None, set[int]] | None:
+    """:func:`resolve_users` for each container scope (by vmid), or for the host (key None) without one."""
+    if not users:
+        return None
+    if not scopes:
+        return {None: t.cast(t.Set[int], resolve_users(users))}
+    return {scope.vmid: t.cast(t.Set[int], resolve_users(users, scope)) for scope in scopes}
+
+
+_AND_OWNS = ", and it owns nothing this module looks at"
+
+
+def _host_uid(text: str, owners: t.Callable[[], t.AbstractSet[int]] | None) -> int:
     import pwd
 
+    if not text.isdigit():
+        try:
+            return pwd.getpwnam(text).pw_uid
+        except KeyError:
+            raise CleanSlateError(f"users: no user named {text!r} on this host.", reason=_reasons.BAD_ARGUMENTS, option="users") from None
+    uid = int(text)
     try:
         pwd.getpwuid(uid)
-        return True
+        return uid
     except (KeyError, OverflowError):
         pass
+    if _in_subuid(uid) or _uid_running(uid) or (owners is not None and uid in owners()):
+        return uid
+    raise CleanSlateError(
+        f"users: no user with uid {text} on this host (not in passwd, not in /etc/subuid, no process runs as it{_AND_OWNS if owners else ''}).",
+        reason=_reasons.BAD_ARGUMENTS,
+        option="users",
+    )
+
+
+def _in_subuid(uid: int) -> bool:
     try:
         with open("/etc/subuid", encoding="utf-8") as fh:
             for line in fh:
@@ -280,6 +247,11 @@ def _uid_known(uid: int) -> bool:
                     return True
     except OSError:
         pass
+    return False
+
+
+def _uid_running(uid: int) -> bool:
+    """Whether a live process runs under ``uid`` (as this host sees it)."""
     for pid in _proctable.pids():
         try:
             if os.stat(f"/proc/{pid}").st_uid == uid:
@@ -287,6 +259,51 @@ def _uid_known(uid: int) -> bool:
         except OSError:
             continue
     return False
+
+
+def _container_passwd(init_pid: int) -> dict[str, int]:
+    """User names of a container: its /etc/passwd read through its init's root, never following a symlink."""
+    users: dict[str, int] = {}
+    try:
+        root = os.open(f"/proc/{init_pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return users
+    try:
+        etc = os.open("etc", _DIR_FLAGS, dir_fd=root)
+    except OSError:
+        os.close(root)
+        return users
+    try:
+        fd = os.open("passwd", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=etc)
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split(":")
+                if len(fields) >= 3 and fields[2].isdigit():
+                    users.setdefault(fields[0], int(fields[2]))
+    except OSError:
+        pass
+    finally:
+        os.close(etc)
+        os.close(root)
+    return users
+
+
+def _uid_map(pid: int) -> list[tuple[int, int, int]]:
+    try:
+        with open(f"/proc/{pid}/uid_map", encoding="ascii") as fh:
+            return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in fh if line.strip())]
+    except (OSError, ValueError):
+        return []
+
+
+def _map_uid(uid: int, mapping: list[tuple[int, int, int]]) -> int | None:
+    """A container's uid as the host sees it (no map: the same uid); None when the map has no place for it."""
+    if not mapping:
+        return uid
+    for inside, outside, count in mapping:
+        if inside <= uid < inside + count:
+            return outside + (uid - inside)
+    return None
 
 
 def read_facts(pid: int) -> ProcFacts | None:
@@ -316,135 +333,6 @@ def read_facts(pid: int) -> ProcFacts | None:
     )
 
 
-def exe_name(facts: ProcFacts) -> str | None:
-    """The basename of the process's executable (/proc/PID/exe), or None when it cannot be read."""
-    if not facts.exe:
-        return None
-    exe = facts.exe[: -len(" (deleted)")] if facts.exe.endswith(" (deleted)") else facts.exe
-    return os.path.basename(exe)
-
-
-def script_name(argv: t.Sequence[str]) -> str | None:
-    """The script an interpreter runs, by basename: its first argument that is not an option.
-
-    ``-m mod`` gives the module name; inline code (``-c``, ``-e``) and a bare
-    interpreter reading its program from stdin give None.
-    """
-    words = list(argv[1:])
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            return os.path.basename(words[i + 1]) if i + 1 < len(words) else None
-        if word in ("-c", "-e", "-E"):
-            return None
-        if word == "-m":
-            return words[i + 1] if i + 1 < len(words) else None
-        if word in _OPTIONS_WITH_VALUE:
-            i += 2
-            continue
-        if word.startswith(("-", "+")):
-            i += 1
-            continue
-        return os.path.basename(word)
-    return None
-
-
-def protection(facts: ProcFacts, protect: t.Sequence[str]) -> tuple[str | None, str]:
-    """(the protect-list entry this process is, how it was told) - (None, "") when it is none.
-
-    A process is what its executable is: an entry matches the basename of
-    /proc/PID/exe and, when that executable is an interpreter, the script it
-    runs. Neither comm nor argv[0] counts, since any process can set both.
-    Proxmox's Perl daemons are the exception: perl running under one of their
-    names. When the executable cannot be read (a zombie, or another user's
-    process without privileges, which this module could not signal anyway),
-    comm, argv[0] and a 15-character comm cut from a longer name count, so
-    that a daemon is never ended for want of a readable link.
-    """
-    own = [facts.comm] + ([os.path.basename(facts.argv[0])] if facts.argv and facts.argv[0] else [])
-    exe = exe_name(facts)
-    if exe is None:
-        for entry in protect:
-            if any(fnmatch.fnmatchcase(n, entry) for n in own) or (len(facts.comm) == 15 and fnmatch.fnmatchcase(facts.comm, entry[:15])):
-                return entry, "by name, its executable cannot be read"
-        return None, ""
-    names = [exe]
-    if _INTERPRETER.match(exe):
-        script = script_name(facts.argv)
-        if script:
-            names.append(script)
-    perl = bool(_PERL.match(exe))
-    for entry in protect:
-        if entry in PERL_DAEMONS:
-            if perl and any(fnmatch.fnmatchcase(n, entry) for n in own):
-                return entry, ""
-        elif any(fnmatch.fnmatchcase(n, entry) for n in names):
-            return entry, ""
-    return None, ""
-
-
-def protected_name(facts: ProcFacts, protect: t.Sequence[str]) -> str | None:
-    """The protect-list entry this process is, if any (see :func:`protection`)."""
-    return protection(facts, protect)[0]
-
-
-def _runs_bare_interpreter(command: str) -> bool:
-    """Whether a shell command line only starts an interpreter that reads its program from stdin.
-
-    That is how Ansible runs a pipelined module: ``/bin/sh -c '/usr/bin/python3'``, possibly
-    nested in a second ``/bin/sh -c`` (local connection) and followed by ``&& sleep 0``.
-    """
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return False
-    if words[-3:] == ["&&", "sleep", "0"]:
-        words = words[:-3]
-    if words[:1] == ["echo"] and len(words) > 1 and words[1].startswith("BECOME-SUCCESS-"):
-        # The become wrapper: "echo BECOME-SUCCESS-<id> ; /usr/bin/python3".
-        words = words[3:] if len(words) > 2 and words[2] == ";" else words[2:]
-    if len(words) == 3 and _SHELL.match(os.path.basename(words[0])) and words[1] == "-c":
-        return _runs_bare_interpreter(words[2])
-    return len(words) == 1 and bool(_PYTHON.match(os.path.basename(words[0])))
-
-
-def _is_pipeline_shell(argv: t.Sequence[str]) -> bool:
-    return len(argv) == 3 and bool(_SHELL.match(os.path.basename(argv[0]))) and argv[1] == "-c" and _runs_bare_interpreter(argv[2])
-
-
-def ansible_process(argv: t.Sequence[str], parent_argv: t.Sequence[str] | None = None) -> str | None:
-    """What Ansible process this command line is, or None.
-
-    Recognised, whatever the host and connection: the controller and its forked
-    workers, ``ansible-connection`` and every other ``ansible*`` program (also
-    under ``python -m``); module payloads (``AnsiballZ_*.py``), async wrappers,
-    scripts and become wrappers, by the words Ansible puts on their command
-    lines (its temporary directories, ``BECOME-SUCCESS-``); and a pipelined
-    module: the shell Ansible starts with only an interpreter to run, and that
-    bare interpreter, which reads the module from its stdin.
-    """
-    if not argv:
-        return None
-    text = " ".join(argv)
-    if any(mark in text for mark in _ANSIBLE_MARKS):
-        return "an Ansible module, async wrapper, become wrapper or SSH connection"
-    prog = os.path.basename(argv[0])
-    names = [prog]
-    if _PYTHON.match(prog):
-        script = script_name(argv)
-        if script:
-            names.append(os.path.basename(script))
-    for name in names:
-        if _ANSIBLE_PROGRAM.match(name):
-            return f"an Ansible program ({name}: the controller, its workers, ansible-connection, ansible-runner)"
-    if _is_pipeline_shell(argv):
-        return "Ansible's shell for a pipelined module"
-    if len(argv) == 1 and _PYTHON.match(prog) and parent_argv and _is_pipeline_shell(parent_argv):
-        return "a pipelined Ansible module"
-    return None
-
-
 def matches_patterns(facts: ProcFacts, patterns: t.Sequence[re.Pattern[str]]) -> str | None:
     """The first pattern matching cmdline, comm or exe."""
     for pattern in patterns:
@@ -452,20 +340,6 @@ def matches_patterns(facts: ProcFacts, patterns: t.Sequence[re.Pattern[str]]) ->
             if value and pattern.search(value):
                 return pattern.pattern
     return None
-
-
-def protect_list(extra: t.Sequence[str], unprotect: t.Sequence[str]) -> list[str]:
-    """Default protect list plus ``protect``, minus names removed explicitly with ``unprotect``."""
-    removed = set(unprotect)
-    unknown = removed - set(DEFAULT_PROTECT)
-    if unknown:
-        raise CleanSlateError(
-            f"unprotect: {', '.join(sorted(unknown))} is not in the default protect list; only default entries can be removed"
-            f" (defaults: {', '.join(DEFAULT_PROTECT)}).",
-            reason=_reasons.BAD_ARGUMENTS,
-            option="unprotect",
-        )
-    return [n for n in DEFAULT_PROTECT if n not in removed] + [n for n in extra if n not in DEFAULT_PROTECT]
 
 
 def _validated_nvml_pid(pid: int, maxpid: int, facts: dict[int, ProcFacts]) -> str | None:
@@ -481,37 +355,6 @@ def _validated_nvml_pid(pid: int, maxpid: int, facts: dict[int, ProcFacts]) -> s
     if first.state in ("Z", "X"):
         return "a zombie: it holds no GPU memory"
     return None
-
-
-def guard_ansible_and_own(facts: dict[int, ProcFacts], self_pid: int, guarded: dict[int, str]) -> None:
-    """Add to ``guarded`` every Ansible process on the host and every process this module started.
-
-    Ancestors alone do not cover Ansible: under ``async`` the module runs under
-    a detached async wrapper, so the controller and its workers are no longer
-    its ancestors, and other hosts' workers and other tasks' modules never were.
-    """
-    children: dict[int, list[int]] = {}
-    found = []
-    for pid, f in facts.items():
-        children.setdefault(f.ppid, []).append(pid)
-        if pid not in guarded:
-            parent = facts.get(f.ppid)
-            what = ansible_process(f.argv, parent.argv if parent else None)
-            if what:
-                guarded[pid] = what
-                found.append(pid)
-    # What started Ansible is as vital to it as the module's own ancestors are to the module: ending
-    # the shell, timeout, sudo or CI runner above a controller ends or orphans the run.
-    for pid in found:
-        current = facts[pid].ppid
-        while current > 0 and current in facts and current not in guarded:
-            guarded[current] = "an ancestor of an Ansible process (what started the controller or a module: a shell, sudo, sshd, a CI runner)"
-            current = facts[current].ppid
-    stack = list(children.get(self_pid, []))
-    while stack:
-        pid = stack.pop()
-        guarded.setdefault(pid, "started by this module")
-        stack.extend(children.get(pid, []))
 
 
 @dataclass
@@ -562,23 +405,13 @@ def take_census(req: Request, plan: Plan) -> Census:
     return Census(
         req=req,
         facts=facts,
-        guarded=guards(facts),
+        guarded=_protection.guards(facts),
         minor_to_index=minor_to_index,
         selected={g.minor for g in req.gpus if g.minor is not None},
         nvml_minors=nvml_listing(req, minor_to_index) if req.use_nvml else {},
         holders=holders,
         unreadable=unreadable,
     )
-
-
-def guards(facts: dict[int, ProcFacts]) -> dict[int, str]:
-    """This module, its ancestors, every Ansible process on the host and what the module started, with why."""
-    self_pid = os.getpid()
-    guarded = {self_pid: "this module's own process"}
-    for pid in _proctable.ancestors(self_pid):
-        guarded.setdefault(pid, "an ancestor of this module (its interpreter, Ansible, sshd or the become chain)")
-    guard_ansible_and_own(facts, self_pid, guarded)
-    return guarded
 
 
 def nvml_listing(req: Request, minor_to_index: dict[int, int]) -> dict[int, set[int]]:
@@ -697,7 +530,7 @@ def widen(census: Census) -> None:
     # Only a process that may itself be ended lends its tree or group: a match on this module's
     # ancestors (Ansible's own command line, sshd), on an init or on a protected daemon must not
     # pull in their other children (Ansible's other workers, other SSH sessions).
-    roots = [pid for pid in cands if pid not in guarded and pid > 1 and not facts[pid].kernel and not protected_name(facts[pid], req.protect)]
+    roots = [pid for pid in cands if pid not in guarded and pid > 1 and not facts[pid].kernel and not _protection.protected_name(facts[pid], req.protect)]
     if req.include_children:
         stack = [(pid, pid) for pid in roots]
         while stack:
@@ -734,7 +567,19 @@ def protect_and_filter(census: Census, plan: Plan) -> None:
             # Judged first: its executable can no longer be read, so it would pass for a daemon by its name.
             plan.ignored.append({"pid": pid, "why": "a zombie: it has exited already and holds nothing; its parent has not reaped it yet"})
             continue
-        why = protection_reason(req, c, census.guarded, census.holders)
+        why = _protection.protection_reason(
+            pid,
+            f,
+            c.nspid,
+            census.guarded,
+            req.protect,
+            scopes=req.scopes,
+            pidns=c.pidns,
+            container=c.container,
+            nvml_listed=c.nvml_listed,
+            holding=census.holders.get(pid),
+            kill_management_clients=req.kill_management_clients,
+        )
         if why:
             record = {"pid": pid, "name": f.comm, "cmdline": f.cmdline, "why": why, "container": c.container}
             if c.holds_gpu_memory:
@@ -742,7 +587,7 @@ def protect_and_filter(census: Census, plan: Plan) -> None:
                 record.update(gpus=sorted(c.gpus), used_mib=c.used_mib, holds_gpu_memory=True)
             plan.protected.append(record)
             continue
-        if req.users is not None and f.uid not in req.users:
+        if req.users is not None and f.uid not in req.users.get(_scope_vmid(req, c), ()):
             plan.ignored.append({"pid": pid, "why": f"owned by uid {f.uid}, not one of users"})
             continue
         if not _proctable.may_signal(pid):
@@ -761,23 +606,12 @@ def protect_and_filter(census: Census, plan: Plan) -> None:
     plan.targets = apply_where(req, plan, survivors)
 
 
-def protection_reason(req: Request, c: Candidate, guarded: dict[int, str], holders: dict[int, _proctable.Holding]) -> str | None:
-    """Why a candidate must not be signalled, or None: init, kernel thread, guarded, daemon, out of scope, management client."""
-    pid, f = c.pid, c.facts
-    if pid <= 1 or (c.nspid and c.nspid[-1] == 1):
-        return "PID 1 of its namespace (an init)"
-    if f.kernel:
-        return "kernel thread"
-    if pid in guarded:
-        return guarded[pid]
-    name, how = protection(f, req.protect)
-    if name:
-        return f"protected daemon ({name}{', ' + how if how else ''})"
-    if req.scopes and _scope.member_of(req.scopes, c.pidns, c.container) is None:
-        return f"outside the container scope ({_scope.label(req.scopes)})"
-    if not req.kill_management_clients and not c.nvml_listed and pid in holders and not holders[pid].has_mmaps:
-        return "management client (holds device files but maps none); set kill_management_clients: true to end it"
-    return None
+def _scope_vmid(req: Request, c: Candidate) -> int | None:
+    """The vmid of the container scope a candidate is in (None without a scope): the key of its ``users``."""
+    if not req.scopes:
+        return None
+    scope = _scope.member_of(req.scopes, c.pidns, c.container)
+    return scope.vmid if scope is not None else None
 
 
 def apply_where(req: Request, plan: Plan, survivors: list[Candidate]) -> list[Candidate]:

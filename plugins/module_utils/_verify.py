@@ -27,7 +27,18 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _cuda, _health, _nvml, _probe, _procs, _proctable, _reasons, _software
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
+    _checks,
+    _cuda,
+    _health,
+    _nvml,
+    _probe,
+    _procs,
+    _proctable,
+    _protection,
+    _reasons,
+    _software,
+)
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     Gpu,
@@ -233,11 +244,11 @@ def _comm(pid: int) -> str | None:
 
 def protected_daemons(pids: t.Iterable[int], protect: t.Sequence[str] | None = None) -> dict[int, str]:
     """Those of ``pids`` that gpu_procs_kill protects as daemons (by executable), with the entry they match."""
-    entries = list(protect) if protect is not None else _procs.protect_list([], [])
+    entries = list(protect) if protect is not None else _protection.protect_list([], [])
     out = {}
     for pid in pids:
         facts = _procs.read_facts(pid)
-        name = _procs.protected_name(facts, entries) if facts is not None else None
+        name = _protection.protected_name(facts, entries) if facts is not None else None
         if name:
             out[pid] = name
     return out

@@ -108,8 +108,11 @@ options:
   users:
     description:
       - Only consider items owned by these users (names or uids). Empty means any owner.
+      - A user name or uid that does not exist on the host is refused (a uid exists when the host's passwd or
+        C(/etc/subuid) has it, or a process runs as it).
       - With O(containers), names are looked up in the container's C(/etc/passwd) and uids are the container's,
-        mapped to the host's through the container's user namespace.
+        mapped to the host's through the container's user namespace; one the container does not know is refused.
+        The same rule as M(gpuops.clean_slate.gpu_procs_kill)'s O(gpuops.clean_slate.gpu_procs_kill#module:users).
     type: list
     elements: str
     default: []
@@ -382,15 +385,16 @@ elapsed_s:
   sample: 0.12
 """
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _pct, _residue
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _pct
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import module as residue
 
 
 def main() -> None:
     module = _module.Module(
-        argument_spec={**_residue.argument_spec(), **_pct.SCOPE_OPTIONS},
+        argument_spec={**residue.argument_spec(), **_pct.SCOPE_OPTIONS},
         supports_check_mode=True,
     ).ready()
-    run = _residue.ModuleRun(_pct.scopes_of(module))
+    run = residue.ModuleRun(_pct.scopes_of(module))
     _module.finish(module, run, "gpu_job_residue", details=run.details)
 
 

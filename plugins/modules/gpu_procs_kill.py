@@ -97,7 +97,11 @@ options:
   users:
     description:
       - Only end processes owned by these users (names or uids). Empty means any user.
-      - A user name or uid that does not exist on the host is refused.
+      - A user name or uid that does not exist on the host is refused (a uid exists when the host's passwd or
+        C(/etc/subuid) has it, or a process runs as it).
+      - With O(containers), names are looked up in each container's C(/etc/passwd) and uids are the container's,
+        mapped to the host's through the container's user namespace (an unprivileged container's V(root) is the
+        host's uid 100000); one the container does not know is refused.
     type: list
     elements: str
     default: []

@@ -18,7 +18,7 @@ import yaml
 from support.ansible import ROOT, VENV_PYTHON, run_playbook
 from support.orphans import end, spawn_orphan
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _proctable
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _procs, _proctable, _protection
 
 
 def discover_as_a_child(req: _procs.Request) -> tuple[set[int], dict[int, str]]:
@@ -56,7 +56,7 @@ def test_children_of_a_protected_ancestor_are_not_pulled_in() -> None:
             patterns=_procs.compile_patterns([r"^" + me.replace("/", r"\/").replace(".", r"\.")]),
             include_children=True,
             process_group=True,
-            protect=_procs.protect_list([], []),
+            protect=_protection.protect_list([], []),
         )
         targets, protected = discover_as_a_child(req)
         assert sibling.pid not in targets, targets
@@ -206,7 +206,7 @@ def test_a_zombie_cannot_pass_for_a_daemon() -> None:
             use_nvml=False,
             use_device_files=False,
             patterns=_procs.compile_patterns(["^nvidia-persiste$"]),
-            protect=_procs.protect_list([], []),
+            protect=_protection.protect_list([], []),
         )
         plan = _procs.discover(req)
         assert zombie not in {p["pid"] for p in plan.protected}

@@ -10,7 +10,7 @@ re-executes itself there, where /dev/shm and /tmp are a tmpfs of the run's own).
   each with its fds and ~25 mappings to read);
 * the module's defaults (shm, sockets, locks, dirs; no ports) are used.
 
-Rows: the module's logic in this process (`_residue.run`, removing the 9 000 orphans, and in check
+Rows: the module's logic in this process (`_residue.module.run`, removing the 9 000 orphans, and in check
 mode), the same through Ansible (the module's own `elapsed_s`, and the task's wall time with
 Ansible's start-up), and the /proc pass alone. Each cell is the median of --repeat runs, each on a
 fresh set of orphans. ``--write-docs`` replaces the section of docs/benchmarks.md.
@@ -30,7 +30,8 @@ from pathlib import Path
 from gpusim.residue import ResidueProc, start
 from support.ansible import VENV_PYTHON, run_module, write_docs_section
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders, _residue
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import module, walk
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -55,13 +56,11 @@ def make_files(prefix: str, count: int) -> list[str]:
     return out
 
 
-def request(check: bool = False) -> _residue.Request:
+def request(check: bool = False) -> module.Request:
     globs = [
-        _residue.parse_glob(kind, g)
-        for kind, gs in zip(_residue.KINDS, (_residue.DEFAULT_SHM, _residue.DEFAULT_SOCKETS, _residue.DEFAULT_LOCKS, _residue.DEFAULT_DIRS))
-        for g in gs
+        walk.parse_glob(kind, g) for kind, gs in zip(walk.KINDS, (walk.DEFAULT_SHM, walk.DEFAULT_SOCKETS, walk.DEFAULT_LOCKS, walk.DEFAULT_DIRS)) for g in gs
     ]
-    return _residue.Request(globs=globs, remove=set(_residue.DEFAULT_REMOVE))
+    return module.Request(globs=globs, remove=set(module.DEFAULT_REMOVE))
 
 
 def bare_reads() -> None:
@@ -116,10 +115,10 @@ def main() -> int:
         rows: dict[str, list[tuple[float, float]]] = {k: [] for k in ("logic", "check", "scan", "bare", "ansible", "task")}
         for rep in range(args.repeat):
             make_files(f"o{rep}", FILES - HELD)
-            wall, cpu, res = timed(lambda: _residue.run(request(), check_mode=True))
+            wall, cpu, res = timed(lambda: module.run(request(), check_mode=True))
             rows["check"].append((wall, cpu))
             assert res["summary"]["removed"] == FILES - HELD and res["summary"]["held"] == HELD, res["summary"]  # type: ignore[index]
-            wall, cpu, res = timed(lambda: _residue.run(request(), check_mode=False))
+            wall, cpu, res = timed(lambda: module.run(request(), check_mode=False))
             rows["logic"].append((wall, cpu))
             assert res["summary"]["removed"] == FILES - HELD and res["summary"]["held"] == HELD, res["summary"]  # type: ignore[index]
             assert len(os.listdir("/dev/shm")) == HELD
@@ -144,7 +143,7 @@ def main() -> int:
             s.wait()
     med = {k: (statistics.median(w for w, _c in v), statistics.median(c for _w, c in v)) for k, v in rows.items()}
     labels = {
-        "logic": "module logic in-process (`_residue.run`): judge 10 000, remove 9 000",
+        "logic": "module logic in-process (`_residue.module.run`): judge 10 000, remove 9 000",
         "check": "the same in check mode (judge only, list what would go)",
         "scan": "the pass over /proc alone (fds, maps of every process; two threads)",
         "bare": "its floor: the same reads in a bare loop, one thread, no matching",

@@ -19,7 +19,7 @@ from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _result,
 
 ROOT = Path(__file__).resolve().parents[4]
 PLUGINS = ROOT / "plugins"
-CODE = sorted(p for p in [*PLUGINS.glob("modules/*.py"), *PLUGINS.glob("module_utils/*.py")] if p.name != "_reasons.py")
+CODE = sorted(p for p in [*PLUGINS.glob("modules/*.py"), *PLUGINS.glob("module_utils/**/*.py")] if p.name != "_reasons.py")
 GUIDE = ROOT / "docs" / "docsite" / "rst" / "guide_clean_slate.rst"
 
 CONSTANTS = {name: value for name, value in vars(_reasons).items() if name.isupper() and isinstance(value, str)}

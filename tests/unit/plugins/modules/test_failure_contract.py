@@ -12,7 +12,8 @@ import math
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _nvml, _pct, _reasons, _residue, _restore, _signals, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _nvml, _pct, _reasons, _restore, _signals, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import module as residue
 from ansible_collections.gpuops.clean_slate.plugins.modules import gpu_job_residue, gpu_mem_verify, gpu_mode_restore, gpu_procs_kill, pct_exec
 
 MODULES = {
@@ -42,7 +43,7 @@ DETAILS = {
 LOGIC = {
     "gpu_procs_kill": (_kill, "build_request"),
     "gpu_mem_verify": (_verify, "validate"),
-    "gpu_job_residue": (_residue, "build_request"),
+    "gpu_job_residue": (residue, "build_request"),
     "pct_exec": (_pct, "validate_vmid"),
     "gpu_mode_restore": (_restore, "validate"),
 }

@@ -1,0 +1,231 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""The gpu_job_residue module: its request and argument spec, and the run (walk, judge, remove, report).
+
+:class:`ModuleRun` is the module's logic; :func:`run` is one whole run, check mode included.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _holders, _ports, _procs, _protection, _reasons, _scope
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import owners, remove, report, walk
+
+# Locks and directories are only reported by default: a live compile's baton and a live torchelastic agent's
+# log directory are not held open all the time, so "nothing holds it" does not prove the job is dead.
+DEFAULT_REMOVE = ("shm", "sockets")
+FAIL_ON = ("listening", "connected", "time_wait")
+#: The most entries one list of the result may be asked to hold.
+MAX_LIST_LIMIT = 1_000_000
+
+
+# ---------------------------------------------------------------------- request
+@dataclass
+class Request:
+    """A validated request."""
+
+    globs: list[walk.Glob]
+    remove: set[str]
+    users: list[str] = field(default_factory=list)
+    scopes: list[_scope.Scope] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    time_wait_timeout: float = 0.0
+    patterns: list[re.Pattern[str]] = field(default_factory=list)
+    protect: list[str] = field(default_factory=list)
+    fail_on: set[str] = field(default_factory=lambda: {"listening"})
+    list_limit: int = 200
+
+
+def validate_ports(ports: t.Sequence[int]) -> list[int]:
+    """Distinct ports, each 1-65535."""
+    out: list[int] = []
+    for port in ports:
+        if not 1 <= int(port) <= 65535:
+            raise CleanSlateError(f"ports: {port} is not a TCP port (1-65535).", reason=_reasons.BAD_ARGUMENTS, option="ports")
+        if int(port) not in out:
+            out.append(int(port))
+    return out
+
+
+# ---------------------------------------------------------------------- the whole run
+def run(req: Request, check_mode: bool) -> dict[str, t.Any]:
+    """Find, judge and (unless check mode) remove residue; classify ports; report zombies."""
+    notes: list[str] = []
+    roots = walk.open_roots(req.scopes)
+    walkers: list[walk.Walker] = []
+    # A full /dev/shm makes tens of thousands of small objects and no reference cycles: the cyclic collector
+    # would run a few dozen times, the older generations over the whole heap (Ansible's modules included), for
+    # nothing: 10-40 ms of a 0.3 s run (tools/bench/residue.py).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(req, check_mode, roots, walkers, notes)
+    finally:
+        if collecting:
+            gc.enable()
+        for w in walkers:
+            w.close()
+        for r in roots:
+            os.close(r.fd)
+
+
+def _run(req: Request, check_mode: bool, roots: list[walk.Root], walkers: list[walk.Walker], notes: list[str]) -> dict[str, t.Any]:
+    items, found_walkers = walk.collect(req.globs, roots, notes)
+    walkers.extend(found_walkers)
+    for root in roots:
+        uids = _procs.resolve_users(req.users, root.scope, owners=_owners_of(items, root))
+        if uids is None:
+            continue
+        for item in items:
+            if item.vmid != root.vmid:
+                continue
+            st = item.stat()
+            if st is None:
+                item.verdict, item.why = "skipped", "gone while it was being judged"
+            elif st.st_uid not in uids:
+                item.verdict, item.why = "skipped", f"owned by uid {st.st_uid}, not one of users"
+    judged = [i for i in items if i.verdict != "skipped"]
+
+    # Ports first: their socket inodes are looked up in the same pass over /proc.
+    port_socks: list[tuple[walk.Root, list[_ports.Sock]]] = [(root, _ports.read_tcp(root.netdir, set(req.ports))) for root in roots] if req.ports else []
+    port_inodes = {s.inode for _root, socks in port_socks for s in socks if s.inode}
+    sock_keys, sock_names = owners.socket_files(judged)
+
+    watch = _holders.Watch(sockets=None if sock_keys else port_inodes, netns=bool(sock_keys))
+    # In bulk: a full /dev/shm is ten thousand items, and a set made per item costs more than the rest of this.
+    files = [i for i in judged if i.kind != "dirs"]
+    watch.keys.update([(i.dev, i.ino) for i in files])
+    # Another name for a file may be the one a process opened.
+    watch.any_name = any(i.st is not None and i.st.st_nlink > 1 for i in files)
+    for item in judged:
+        if item.kind == "dirs":
+            watch.keys |= item.tree
+            watch.names |= item.tree_names
+            watch.cwd_keys |= item.tree_dirs
+    for walker in walkers:
+        watch.names |= walker.names  # every matched name, the files' own included
+    watch.name_only = owners.overlay_names(judged, roots)
+    scan = _holders.scan(watch)
+    locks = _holders.read_locks(watch.keys)
+    bound, unbound_names = owners.bound_sockets(scan, sock_keys, sock_names)
+    holders = owners.Holders(req.protect, req.patterns)
+    owners.judge(judged, scan, locks, bound, unbound_names, holders)
+
+    for item in judged:
+        if item.verdict == "remove" and item.kind not in req.remove:
+            item.verdict, item.why = "stale", f"orphaned; removal of {item.kind} is not enabled"
+    orphans = [i for i in judged if i.verdict == "remove"]
+    incomplete = bool(scan.unreadable) and bool(orphans)
+    if incomplete:
+        why = f"{len(scan.unreadable)} process(es) could not be inspected (permission), so nothing can be proven orphaned"
+        for item in orphans:
+            item.verdict, item.why = "skipped", why
+        notes.append(why + "; run the module as root (become: true).")
+    elif not check_mode:
+        remove.remove_all(orphans)
+
+    ports_out: list[dict[str, t.Any]] = []
+    for root, socks in port_socks:
+        states = {p: _ports.classify(p, socks) for p in req.ports}
+        waited = _ports.wait_closing(root.netdir, states, req.time_wait_timeout) if req.time_wait_timeout > 0 else 0.0
+        if any(s.state != "free" for s in states.values()) and waited:
+            # A listener may have appeared while waiting: look up owners of the sockets seen now.
+            fresh = {s.inode for ps in states.values() for s in ps.listeners + ps.connections if s.inode not in scan.socket_owners}
+            if fresh:
+                scan.socket_owners.update(_holders.scan(_holders.Watch(sockets=fresh, zombies=False)).socket_owners)
+        for port in req.ports:
+            ports_out.append(owners.port_record(states[port], root, holders, scan.socket_owners, waited))
+    zombie_list, non_reaping = owners.zombies(scan, roots, holders)
+    return report.report(check_mode, items, ports_out, zombie_list, non_reaping, notes, scan, incomplete, req.fail_on, req.list_limit)
+
+
+def _owners_of(items: list[walk.Item], root: walk.Root) -> t.Callable[[], set[int]]:
+    """The owners of a root's candidates, stat'ed when first asked: a dead job's uid owns its residue."""
+    found: list[set[int]] = []
+
+    def owners() -> set[int]:
+        if not found:
+            found.append({st.st_uid for item in items if item.vmid == root.vmid and (st := item.stat()) is not None})
+        return found[0]
+
+    return owners
+
+
+# ---------------------------------------------------------------------- the gpu_job_residue module
+def build_request(p: t.Mapping[str, t.Any], scopes_of: t.Callable[[], list[_scope.Scope]]) -> Request:
+    """Validate every option; raises before anything is looked at or removed.
+
+    ``scopes_of`` resolves the ``containers`` option (through pct), once the rest is known good.
+    """
+    globs = [walk.parse_glob(kind, pattern) for kind in walk.KINDS for pattern in p[kind]]
+    _checks.number("time_wait_timeout", p["time_wait_timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("list_limit", p["list_limit"], 0, MAX_LIST_LIMIT)
+    for vmid in p["containers"]:
+        _checks.vmid("containers", vmid)
+    _checks.executable("pct_path", p["pct_path"])
+    ports = validate_ports(p["ports"])
+    patterns = _procs.compile_patterns(p["patterns"])
+    protect = _protection.protect_list(p["protect"], [])
+    return Request(
+        globs=globs,
+        remove=set(p["remove"]),
+        users=p["users"],
+        scopes=scopes_of(),
+        ports=ports,
+        time_wait_timeout=p["time_wait_timeout"],
+        patterns=patterns,
+        protect=protect,
+        fail_on=set(p["fail_on"]),
+        list_limit=p["list_limit"],
+    )
+
+
+def argument_spec() -> dict[str, dict[str, t.Any]]:
+    """The options of gpu_job_residue, without the containers scope (``_pct.SCOPE_OPTIONS``): one source for it and the umbrella's residue phase."""
+    return {
+        "shm": {"type": "list", "elements": "str", "default": list(walk.DEFAULT_SHM)},
+        "sockets": {"type": "list", "elements": "str", "default": list(walk.DEFAULT_SOCKETS)},
+        "locks": {"type": "list", "elements": "str", "default": list(walk.DEFAULT_LOCKS)},
+        "dirs": {"type": "list", "elements": "str", "default": list(walk.DEFAULT_DIRS)},
+        "remove": {"type": "list", "elements": "str", "choices": list(walk.KINDS), "default": list(DEFAULT_REMOVE)},
+        "users": {"type": "list", "elements": "str", "default": []},
+        "ports": {"type": "list", "elements": "int", "default": []},
+        "time_wait_timeout": {"type": "float", "default": 0},
+        "patterns": {"type": "list", "elements": "str", "default": []},
+        "protect": {"type": "list", "elements": "str", "default": []},
+        "fail_on": {"type": "list", "elements": "str", "choices": list(FAIL_ON), "default": ["listening"]},
+        "list_limit": {"type": "int", "default": 200},
+    }
+
+
+class ModuleRun:
+    """One run of the gpu_job_residue module; every failure carries ``summary`` and ``elapsed_s``.
+
+    :param scopes_of: resolves the ``containers`` option (through pct, which this file does not need to know).
+    """
+
+    def __init__(self, scopes_of: t.Callable[[], list[_scope.Scope]], clock: t.Callable[[], float] = time.monotonic) -> None:
+        self.scopes_of = scopes_of
+        self.clock = clock
+        self.start = clock()
+
+    def details(self, _reason: str) -> dict[str, t.Any]:
+        return {"summary": {}, "elapsed_s": round(self.clock() - self.start, 4)}
+
+    def __call__(self, module: t.Any) -> dict[str, t.Any]:
+        result = run(build_request(module.params, self.scopes_of), module.check_mode)
+        result["elapsed_s"] = round(self.clock() - self.start, 4)
+        if module._diff:  # pylint: disable=protected-access
+            result["diff"] = report.diff(result, module.check_mode)
+        return result

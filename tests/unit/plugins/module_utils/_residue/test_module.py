@@ -1,0 +1,68 @@
+"""_residue.module: the options refused before anything is looked at, and whole runs (real files, under tools/pidns-run)."""
+
+from __future__ import annotations
+
+import os
+import typing as t
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import module, walk
+
+
+def test_everything_orphaned_goes_and_the_rest_of_the_directory_stays(tree: Path, request_for: t.Callable[..., module.Request]) -> None:
+    r = module.run(request_for(tree), check_mode=False)
+    assert {x["path"] for x in r["removed"]} == {
+        *(f"{tree}/shm/nccl-{i:06d}" for i in range(3)),
+        f"{tree}/sock/dead",
+        f"{tree}/cache/a/b/c/x.lock",
+        f"{tree}/cache/top.lock",
+        f"{tree}/torchelastic_abc",
+    }
+    assert sorted(os.listdir(tree / "shm")) == ["other-file"]
+    assert not (tree / "torchelastic_abc").exists() and (tree / "cache" / "a" / "b" / "c").is_dir()
+    assert r["summary"]["kinds"]["shm"] == {"removed": 3, "bytes": 3 * 8192, "held": 0, "stale": 0}
+    assert r["msg"].startswith("3 stale segments, 1 socket, 2 locks and 1 directory (")
+    assert module.run(request_for(tree), check_mode=False)["changed"] is False
+
+
+def test_check_mode_changes_nothing_and_counts_bytes(tree: Path, request_for: t.Callable[..., module.Request]) -> None:
+    r = module.run(request_for(tree), check_mode=True)
+    assert r["changed"] is True and r["summary"]["removed"] == 7
+    assert r["summary"]["kinds"]["shm"]["bytes"] == 3 * 8192
+    assert "would be removed" in r["msg"]
+    assert len(os.listdir(tree / "shm")) == 4 and (tree / "torchelastic_abc").is_dir()
+
+
+def residue_params(**kw: t.Any) -> dict[str, t.Any]:
+    p: dict[str, t.Any] = {kind: [] for kind in walk.KINDS}
+    p.update(remove=["shm"], users=[], containers=[], pct_path=None, ports=[8000], time_wait_timeout=0.0, patterns=[], protect=[])
+    p.update(fail_on=["listening"], list_limit=200)
+    p.update(kw)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("time_wait_timeout", float("nan")), ("time_wait_timeout", 86401), ("list_limit", -1), ("containers", [99]), ("pct_path", "/nonexistent/pct")],
+)
+def test_the_modules_options_are_refused_before_any_container_is_looked_up(option: str, value: t.Any) -> None:
+    looked_up: list[int] = []
+    with pytest.raises(CleanSlateError) as err:
+        module.build_request(residue_params(**{option: value}), lambda: looked_up.append(1) or [])
+    assert (err.value.reason, err.value.details["option"], looked_up) == ("bad_arguments", option, [])
+    req = module.build_request(residue_params(), lambda: looked_up.append(1) or [])
+    assert looked_up == [1] and req.ports == [8000] and req.remove == {"shm"}
+
+
+def test_a_uid_nobody_has_is_refused_before_anything_is_removed(tree: Path, request_for: t.Callable[..., module.Request]) -> None:
+    """A typo in users would keep every item and read green; a uid that owns a candidate is a real one."""
+    with pytest.raises(CleanSlateError) as err:
+        module.run(request_for(tree, users=["987650"]), check_mode=False)
+    assert (err.value.reason, err.value.details["option"]) == ("bad_arguments", "users")
+    assert len(os.listdir(tree / "shm")) == 4 and (tree / "torchelastic_abc").is_dir()
+    os.chown(tree / "shm" / "nccl-000000", 987650, 987650)
+    r = module.run(request_for(tree, users=["987650"]), check_mode=False)
+    assert [x["path"] for x in r["removed"]] == [f"{tree}/shm/nccl-000000"]
