@@ -29,9 +29,11 @@ a sentence of evidence saying what to do.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import datetime
 import errno
+import math
 import os
 import re
 import shutil
@@ -86,8 +88,11 @@ def worst(verdicts: t.Iterable[str]) -> str:
 
 
 def fails(verdict: str, fail_on: str) -> bool:
-    """Whether ``verdict`` is at or above the ``fail_on`` threshold (``never`` never fails)."""
-    return fail_on != NEVER and rank(verdict) >= rank(fail_on)
+    """Whether ``verdict`` fails a host with threshold ``fail_on``: a finding (any verdict but ``ok``) at or above it.
+
+    A healthy GPU never fails, so ``fail_on: ok`` fails on any finding, as ``restart_app`` does; ``never`` never fails.
+    """
+    return verdict != OK and fail_on != NEVER and rank(verdict) >= rank(fail_on)
 
 
 # ---------------------------------------------------------------------- Xid catalog
@@ -181,41 +186,99 @@ def parse_kmsg(data: bytes, boot: float, needle: bytes | None = b"NVRM: Xid") ->
     return out
 
 
-def read_kmsg(path: str = KMSG, max_bytes: int = 16 * 1024 * 1024) -> bytes | None:
-    """Every record the kernel's ring buffer holds (or the file at ``path`` holds), or None when it cannot be read.
+#: The newest this many bytes of a kernel log file are read (a busy node's /var/log/kern.log grows past 50 MB).
+MAX_LOG_BYTES = 16 * 1024 * 1024
+#: /dev/kmsg is read record by record, from its oldest: at most this long.
+KMSG_READ_S = 5.0
+#: At most this many records holding the needle are kept (the newest).
+MAX_RECORDS = 100000
 
-    /dev/kmsg answers one record per read() and EAGAIN at the end (non-blocking), EPIPE when a
-    record was overwritten while reading (skip on); a regular file in its format (the simulator's
-    kernel log, a saved copy) answers b"" at its end. Both are read the same way.
+
+class LogRead(t.NamedTuple):
+    """What one read of a kernel log gave: the records that hold the needle, the bytes of older records not read,
+    and whether the read reached the log's end."""
+
+    data: bytes
+    skipped_bytes: int
+    complete: bool
+
+
+def read_kmsg(
+    path: str = KMSG, max_bytes: int = MAX_LOG_BYTES, needle: bytes = b"NVRM: Xid", max_s: float = KMSG_READ_S, clock: t.Callable[[], float] = time.monotonic
+) -> LogRead | None:
+    """The records of a kernel log that hold ``needle``, newest first in what is kept; None when it cannot be read.
+
+    A regular file in /dev/kmsg's format (the simulator's kernel log, a saved copy) is read from its end: its last
+    ``max_bytes`` (whole records), in one read; what is older is counted in ``skipped_bytes``. /dev/kmsg itself
+    (a character device) answers one record per read(), from the oldest the ring buffer holds, EAGAIN at its end
+    (non-blocking) and EPIPE for a record overwritten while reading (skip on); it is read to its end unless that
+    takes longer than ``max_s`` (then ``complete`` is False). Either way only records holding ``needle`` are kept,
+    at most ``MAX_RECORDS`` of them, so memory stays bounded whatever the log's size.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    chunks: list[bytes] = []
-    total = 0
     try:
-        # /dev/kmsg (a character device) hands out one record per read; a file, as much as asked.
-        records = stat.S_ISCHR(os.fstat(fd).st_mode)
-        size = 8192 if records else 1 << 20
-        while total < max_bytes:
-            try:
-                chunk = os.read(fd, size)
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:
-                    continue
-                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    break
-                return None if not chunks else b"".join(chunks)
-            if not chunk:
-                break
-            if records and not chunk.endswith(b"\n"):
-                chunk += b"\n"  # keep records apart (the kernel ends each with a newline)
-            chunks.append(chunk)
-            total += len(chunk)
+        st = os.fstat(fd)
+        if not stat.S_ISCHR(st.st_mode):
+            return _read_file_tail(fd, st.st_size, max_bytes, needle)
+        return _read_records(fd, needle, max_s, clock)
     finally:
         os.close(fd)
-    return b"".join(chunks)
+
+
+def _read_file_tail(fd: int, size: int, max_bytes: int, needle: bytes) -> LogRead | None:
+    start = max(0, size - max_bytes)
+    try:
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks = []
+        left = size - start
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 22))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError:
+        return None
+    data = b"".join(chunks)
+    skipped = start
+    if start > 0:
+        # The read began inside a record: drop it, whole records only.
+        cut = data.find(b"\n") + 1
+        skipped += cut if cut else len(data)
+        data = data[cut:] if cut else b""
+    lines = [line for line in data.split(b"\n") if needle in line] if needle in data else []
+    return LogRead(b"\n".join(lines[-MAX_RECORDS:]) + (b"\n" if lines else b""), skipped, True)
+
+
+def _read_records(fd: int, needle: bytes, max_s: float, clock: t.Callable[[], float]) -> LogRead | None:
+    kept: collections.deque[bytes] = collections.deque(maxlen=MAX_RECORDS)
+    end = clock() + max_s
+    complete = False
+    reads = 0
+    while True:
+        reads += 1
+        if reads % 1024 == 0 and clock() > end:
+            break
+        try:
+            record = os.read(fd, 8192)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                continue
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                complete = True
+                break
+            if not kept:
+                return None
+            break
+        if not record:
+            complete = True
+            break
+        if needle in record:
+            kept.append(record if record.endswith(b"\n") else record + b"\n")
+    return LogRead(b"".join(kept), 0, complete)
 
 
 #: How a command is run: argv -> (rc, stdout, stderr); the module's ``run_command``.
@@ -264,15 +327,64 @@ def xid_events(messages: t.Iterable[tuple[float, str]], since: float) -> list[di
     return out
 
 
-def read_xids(since: float, kernel_log: str = KMSG, run: Run | None = None) -> tuple[str, list[dict[str, t.Any]]]:
-    """(source, Xid events since ``since``): source ``kmsg`` (``kernel_log`` read), ``journalctl`` (run with ``run``), or ``unreadable``."""
-    data = read_kmsg(kernel_log)
-    if data is not None:
-        return "kmsg", xid_events(parse_kmsg(data, boot_epoch()), since)
+class Xids(t.NamedTuple):
+    """The Xid events since a time, where they were read, and how much of the log was read."""
+
+    source: str  # kmsg, journalctl or unreadable
+    events: list[dict[str, t.Any]]
+    log: dict[str, t.Any]  # {complete, skipped_bytes, read_from}: read_from is the time of the oldest record read
+
+
+def read_xids(since: float, kernel_log: str = KMSG, run: Run | None = None) -> Xids:
+    """The Xid events since ``since``: from ``kernel_log`` (``kmsg``), else ``journalctl -k`` (run with ``run``), else none (``unreadable``).
+
+    ``log`` tells when older records of a large file were not read (``skipped_bytes``, and ``read_from``, the time of
+    the oldest record that was) and when /dev/kmsg could not be read to its end in time (``complete`` False).
+    """
+    read = read_kmsg(kernel_log)
+    if read is not None:
+        boot = boot_epoch()
+        messages = parse_kmsg(read.data, boot)
+        read_from = None
+        if read.skipped_bytes:
+            read_from = _first_stamp(kernel_log, read.skipped_bytes, boot)
+        log = {"complete": read.complete, "skipped_bytes": read.skipped_bytes, "read_from": read_from}
+        return Xids("kmsg", xid_events(messages, since), log)
     journal = read_journal(since, run)
     if journal is not None:
-        return "journalctl", xid_events(journal, since)
-    return "unreadable", []
+        return Xids("journalctl", xid_events(journal, since), {"complete": True, "skipped_bytes": 0, "read_from": None})
+    return Xids("unreadable", [], {"complete": False, "skipped_bytes": 0, "read_from": None})
+
+
+def _first_stamp(path: str, offset: int, boot: float) -> float | None:
+    """The time of the record at ``offset`` of a kmsg-format file (the oldest one read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            line = fh.readline(65536)
+    except OSError:
+        return None
+    parsed = parse_kmsg(line, boot, None)
+    return round(parsed[0][0], 6) if parsed else None
+
+
+def unread_note(log: t.Mapping[str, t.Any], since: float, kernel_log: str) -> str | None:
+    """A sentence for the result when part of the kernel log that may hold Xids since ``since`` was not read, else None."""
+    if not log.get("complete", True):
+        return (
+            f"The kernel log ({kernel_log}) could not be read to its end within {KMSG_READ_S:.0f} s: its newest records, where Xid errors"
+            " of the last job would be, were not read; the health verdict does not cover them."
+        )
+    if log.get("skipped_bytes"):
+        read_from = log.get("read_from")
+        covered = read_from is not None and read_from <= since
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(read_from)) if read_from is not None else "an unknown time"
+        return (
+            f"The kernel log ({kernel_log}) is larger than {MAX_LOG_BYTES // (1024 * 1024)} MiB: only its newest records were read"
+            f" (from {when} on), {log['skipped_bytes']} bytes of older records were not"
+            + ("; they are all older than since." if covered else "; Xid errors logged between since and then were not seen.")
+        )
+    return None
 
 
 def parse_since(value: t.Any, default: float) -> float | None:
@@ -282,12 +394,15 @@ def parse_since(value: t.Any, default: float) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return float(value)
+        # nan would count every Xid (no comparison with it is true) and inf none: neither is a time.
+        return float(value) if math.isfinite(value) else None
     text = str(value).strip()
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         pass
+    else:
+        return number if math.isfinite(number) else None
     try:
         parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00").replace(" ", "T", 1))
     except ValueError:

@@ -549,7 +549,7 @@ def judge_health(
     """Attach each GPU's ``health`` to its report (Xid events by PCI address; a failed CUDA start) and return the
     host's (with the software checks' ``software`` findings)."""
     started = time.monotonic()
-    source, events = _health.read_xids(since, kernel_log, run)
+    source, events, log = _health.read_xids(since, kernel_log, run)
     buses = {_health.bus_key(g.pci_bus_id) for g in every_gpu if g.pci_bus_id}
     per_gpu = []
     for report, readings in zip(outcome.gpus, outcome.health):
@@ -563,8 +563,12 @@ def judge_health(
     stray = [e for e in events if e["bus"] not in buses]
     host = _health.host_findings(_health.fabric_present(r for r in outcome.health if r))
     host["kernel_log"] = source
+    host["kernel_log_read"] = log
     extra = [(f["verdict"], f"{f['name']}: {f['text']}") for f in software or []]
     verdict = _health.judge_host(per_gpu, host, fail_on, stray, extra)
+    unread = _health.unread_note(log, since, kernel_log) if source == "kmsg" else None
+    if unread:
+        outcome.notes.append(unread)
     if source == "unreadable":
         outcome.notes.append(
             f"The kernel log cannot be read ({kernel_log}, journalctl -k): Xid errors are not part of the health verdict; run with become: true."

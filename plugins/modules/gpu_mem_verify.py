@@ -114,6 +114,8 @@ options:
     description:
       - The health verdict from which the module fails with RV(reason=unhealthy) (when the memory is clean). The
         verdicts, from best to worst, are V(ok), V(restart_app), V(reset_gpu), V(reboot) and V(drain); V(never) only reports.
+      - A host fails when its verdict is a finding (anything but V(ok)) at or above O(fail_on). A healthy host never
+        fails for its health, so V(ok) fails on any finding, as V(restart_app) does.
       - With O(fail_on_dirty=false) the module never fails for health either.
     type: str
     choices: [ok, restart_app, reset_gpu, reboot, drain, never]
@@ -121,7 +123,8 @@ options:
   since:
     description:
       - Xid errors logged before this time are ignored, as epoch seconds (V(1796112000)) or an ISO 8601 time
-        (V(2026-12-01T08:00:00Z); without a zone, the target's local time).
+        (V(2026-12-01T08:00:00Z); without a zone, the target's local time). A number that is not finite (V(nan),
+        V(inf)) is refused with RV(reason=bad_arguments).
       - Default, when the module starts. Give the time the job (or the clean-up run) started, so that the Xids of
         the job that just ended count, and none that a reset has since cleared.
     type: raw
@@ -130,6 +133,10 @@ options:
       - The kernel log to read Xid errors from, in C(/dev/kmsg)'s record format. When it cannot be read (the kernel's
         C(dmesg_restrict) without become), the module asks C(journalctl -k); when neither works, the C(kernel_log) of RV(health)'s C(host)
         is V(unreadable) and a note says so.
+      - A file is read from its end, its newest 16 MiB (whole records), so that the newest Xid errors are always read
+        whatever its size; C(/dev/kmsg) is read to its end for at most 5 seconds. Memory stays bounded either way (only
+        the Xid records are kept). C(kernel_log_read) of RV(health)'s C(host) and a note say when older records were not
+        read (and whether Xid errors since O(since) may be among them) or when the log could not be read to its end.
     type: path
     default: /dev/kmsg
   cuda_probe:
@@ -411,7 +418,9 @@ health:
     - The host's health verdict, the worst of its GPUs' and of its own findings, with O(fail_on), the evidence (GPU by GPU),
       C(since) (epoch seconds) and C(elapsed_s) (what judging it cost).
     - C(host) holds C(mps_daemon) (PIDs of MPS control daemons and servers left running), C(fabricmanager) (V(running),
-      V(not_running), or V(not_needed) where no GPU has an NVLink fabric) and C(kernel_log) (V(kmsg), V(journalctl) or V(unreadable)).
+      V(not_running), or V(not_needed) where no GPU has an NVLink fabric), C(kernel_log) (V(kmsg), V(journalctl) or V(unreadable))
+      and C(kernel_log_read) (C(complete), whether the log was read to its end; C(skipped_bytes), the older records
+      not read; C(read_from), the time of the oldest record read when some were skipped, else null).
     - Null with O(health=false).
   returned: always
   type: dict
@@ -419,7 +428,11 @@ health:
     verdict: ok
     fail_on: reset_gpu
     evidence: []
-    host: {"mps_daemon": [], "fabricmanager": "not_needed", "kernel_log": "kmsg"}
+    host:
+      mps_daemon: []
+      fabricmanager: not_needed
+      kernel_log: kmsg
+      kernel_log_read: {"complete": true, "skipped_bytes": 0, "read_from": null}
     since: 1796112001.52
     elapsed_s: 0.0012
 """

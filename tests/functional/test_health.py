@@ -24,7 +24,12 @@ def test_an_idle_h200_node_is_ok_with_every_reading_an_h200_gives(mod, node) -> 
     h = r["health"]
     assert (h["verdict"], h["fail_on"], h["evidence"]) == ("ok", "reset_gpu", [])
     # An HGX H200 has a fabric; it is up, so a fabric manager that is not running is no finding.
-    assert h["host"] == {"mps_daemon": [], "fabricmanager": "not_running", "kernel_log": "kmsg"}
+    assert h["host"] == {
+        "mps_daemon": [],
+        "fabricmanager": "not_running",
+        "kernel_log": "kmsg",
+        "kernel_log_read": {"complete": True, "skipped_bytes": 0, "read_from": None},
+    }
     for g in r["gpus"]:
         assert g["health"]["verdict"] == "ok" and g["health"]["evidence"] == []
         assert g["health"]["readings"] == {
@@ -168,8 +173,9 @@ def test_a_consumer_gpu_reports_null_where_it_has_no_such_feature() -> None:
 def test_health_off_and_bad_health_options(mod) -> None:
     r = verify(mod, health=False)
     assert r["_status"] == "ok" and r["health"] is None and "health" not in r["gpus"][0]
-    r = verify(mod, since="yesterday-ish")
-    assert (r["_status"], r["reason"], r.get("option")) == ("failed", "bad_arguments", "since"), r
+    for since in ("yesterday-ish", "nan", "inf", "-inf"):
+        r = verify(mod, since=since)
+        assert (r["_status"], r["reason"], r.get("option")) == ("failed", "bad_arguments", "since"), r
     r = verify(mod, since="2026-12-01T08:00:00Z")
     assert r["_status"] == "ok" and r["health"]["since"] == datetime.datetime(2026, 12, 1, 8, tzinfo=datetime.timezone.utc).timestamp()
 
@@ -185,3 +191,32 @@ def test_a_health_query_that_hangs_is_a_hung_driver_and_the_others_are_judged(mo
     # The GPUs after it were still read, by a fresh helper.
     assert r["gpus"][5]["health"]["verdict"] == "reset_gpu" and r["gpus"][7]["health"]["readings"]["fabric"] is not None
     assert r["health"]["verdict"] == "reboot"
+
+
+def test_fail_on_ok_fails_on_any_finding_and_never_on_a_healthy_host(mod, node) -> None:
+    """What the documentation says: a finding at or above fail_on fails the host; a healthy host never fails."""
+    r = verify(mod, fail_on="ok")
+    assert r["_status"] == "ok" and r["health"]["verdict"] == "ok", r
+    node.xid(2, 13, pid=4242, name="python3")
+    for fail_on in ("ok", "restart_app"):
+        r = verify(mod, fail_on=fail_on, since=time.time() - 60)
+        assert (r["_status"], r["reason"], r["health"]["verdict"]) == ("failed", "unhealthy", "restart_app"), r
+    r = verify(mod, fail_on="reset_gpu", since=time.time() - 60)
+    assert r["_status"] == "ok" and r["health"]["verdict"] == "restart_app"
+
+
+def test_the_newest_xid_of_a_50_mb_kernel_log_is_read_and_the_result_says_what_was_not(mod, node) -> None:
+    """A busy node's kern.log: 50 MB of other records, then the GPU falls off the bus."""
+    since = time.time()
+    start_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000 - 3_600_000_000
+    filler = b"".join(f"6,{i},{start_us + i},-;eth0: link flap {i:08d} {'x' * 80}\n".encode() for i in range(1000))
+    with node.kernel_log.open("ab") as fh:
+        while fh.tell() < 50 * 1024 * 1024:
+            fh.write(filler)
+    node.xid(6, 79)
+    r = verify(mod, since=since - 7200)
+    assert (r["_status"], r["reason"]) == ("failed", "unhealthy"), r
+    assert r["gpus"][6]["health"]["verdict"] == "reboot" and [e["xid"] for e in r["gpus"][6]["health"]["readings"]["xid"]] == [79]
+    read = r["health"]["host"]["kernel_log_read"]
+    assert read["complete"] is True and read["skipped_bytes"] > 30 * 1024 * 1024 and since - 7200 < read["read_from"] < since
+    assert any("only its newest records were read" in n and "were not seen" in n for n in r["notes"]), r["notes"]

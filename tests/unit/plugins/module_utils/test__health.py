@@ -6,6 +6,7 @@ import datetime
 import shutil
 import subprocess
 import time
+import typing as t
 
 import pytest
 
@@ -21,13 +22,16 @@ def readings(**kw: object) -> dict:
 # ---------------------------------------------------------------------- order
 
 
-def test_the_verdicts_are_ordered_and_never_never_fails() -> None:
+def test_the_verdicts_are_ordered_and_fail_on_fails_a_finding_at_or_above_it() -> None:
+    """What gpu_mem_verify's fail_on documentation says: a finding at or above fail_on fails; a healthy GPU never does."""
     assert _health.VERDICTS == ("ok", "restart_app", "reset_gpu", "reboot", "drain")
     assert _health.worst([]) == "ok"
     assert _health.worst(["restart_app", "drain", "reset_gpu"]) == "drain"
     assert _health.fails("reset_gpu", "reset_gpu") and _health.fails("reboot", "reset_gpu")
     assert not _health.fails("restart_app", "reset_gpu")
-    assert _health.fails("ok", "ok")
+    # fail_on: ok fails on any finding, as restart_app does, and never on a healthy verdict.
+    assert [v for v in _health.VERDICTS if _health.fails(v, "ok")] == [v for v in _health.VERDICTS if _health.fails(v, "restart_app")]
+    assert not _health.fails("ok", "ok")
     assert not any(_health.fails(v, "never") for v in _health.VERDICTS)
 
 
@@ -104,8 +108,8 @@ def test_a_file_in_kmsg_format_is_read_like_dev_kmsg(tmp_path) -> None:
     boot = _health.boot_epoch()
     now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
     log.write_bytes(f"4,0,{now_us},-;NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, DBE\n".encode())
-    source, events = _health.read_xids(time.time() - 60, str(log))
-    assert source == "kmsg"
+    source, events, read = _health.read_xids(time.time() - 60, str(log))
+    assert source == "kmsg" and read == {"complete": True, "skipped_bytes": 0, "read_from": None}
     [event] = events
     assert event["xid"] == 48 and event["bucket"] == "RESET_GPU"
     assert abs(event["time"] - (boot + now_us / 1e6)) < 1
@@ -113,6 +117,57 @@ def test_a_file_in_kmsg_format_is_read_like_dev_kmsg(tmp_path) -> None:
 
 def test_an_unreadable_kernel_log_is_none(tmp_path) -> None:
     assert _health.read_kmsg(str(tmp_path / "missing")) is None
+
+
+def kmsg_line(seq: int, usec: int, message: str, prio: int = 6) -> bytes:
+    return f"{prio},{seq},{usec},-;{message}\n".encode()
+
+
+def test_a_50_mb_kernel_log_is_read_from_its_end_and_says_what_it_did_not_read(tmp_path) -> None:
+    """/var/log/kern.log on a busy node: the newest Xid is at the end, 50 MB in; the oldest records are the ones left."""
+    log = tmp_path / "kern.log"
+    now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    start_us = now_us - 3_600_000_000  # the log covers the last hour
+    filler = b"".join(kmsg_line(i, start_us + i, f"eth0: link flap {i:08d} " + "x" * 80) for i in range(1000))
+    with log.open("wb") as fh:
+        fh.write(kmsg_line(0, start_us, "NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, old application error"))
+        while fh.tell() < 50 * 1024 * 1024:
+            fh.write(filler)
+        fh.write(kmsg_line(999999, now_us, "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."))
+    size = log.stat().st_size
+    read = _health.read_kmsg(str(log))
+    assert read is not None and read.complete
+    # Memory stays bounded: only the Xid records are kept, not 16 MiB of the log.
+    assert read.data.count(b"\n") == 1 and b": 79," in read.data
+    assert size - _health.MAX_LOG_BYTES <= read.skipped_bytes < size - _health.MAX_LOG_BYTES + 200
+    since = time.time() - 7200  # the job started before the oldest record that was read
+    source, events, info = _health.read_xids(since, str(log))
+    assert source == "kmsg" and [e["xid"] for e in events] == [79]
+    assert info["skipped_bytes"] == read.skipped_bytes and info["complete"] is True
+    assert since < info["read_from"] < time.time()
+    note = _health.unread_note(info, since, str(log))
+    assert note is not None and "only its newest records were read" in note and "Xid errors logged between since and then were not seen" in note
+    assert "they are all older than since" in t.cast(str, _health.unread_note(info, info["read_from"] + 1, str(log)))
+    assert _health.unread_note({"complete": True, "skipped_bytes": 0, "read_from": None}, since, str(log)) is None
+
+
+def test_dev_kmsg_is_read_to_its_end_keeping_only_xid_records() -> None:
+    """The kernel's own ring buffer, read as the module reads it (root in this PID namespace may read it)."""
+    read = _health.read_kmsg("/dev/kmsg", needle=b"NVRM: Xid")
+    if read is None:
+        pytest.skip("/dev/kmsg is not readable here")
+    assert read.complete and read.skipped_bytes == 0
+    assert all(b"NVRM: Xid" in line for line in read.data.splitlines())
+    everything = _health.read_kmsg("/dev/kmsg", needle=b";")
+    assert everything is not None and everything.complete and everything.data.count(b"\n") > 0
+    # A read that takes longer than its bound stops and says so (a clock that has already run out).
+    clock = iter(range(0, 10**9, 10)).__next__
+    slow = _health.read_kmsg("/dev/kmsg", needle=b";", max_s=0.0, clock=lambda: float(clock()))
+    assert slow is not None
+    lines = everything.data.count(b"\n")
+    assert slow.complete is (lines < 1024)
+    if not slow.complete:
+        assert "could not be read to its end" in t.cast(str, _health.unread_note({"complete": False}, 0.0, "/dev/kmsg"))
 
 
 def test_bus_keys_of_nvml_and_of_an_xid_line_agree() -> None:
@@ -131,6 +186,11 @@ def test_bus_keys_of_nvml_and_of_an_xid_line_agree() -> None:
         ("2026-12-01 08:00:00+01:00", datetime.datetime(2026, 12, 1, 7, tzinfo=datetime.timezone.utc).timestamp()),
         ("yesterday", None),
         (True, None),
+        # Not a time: nan would count every Xid, inf none.
+        (float("nan"), None),
+        (float("inf"), None),
+        ("nan", None),
+        ("-inf", None),
     ],
 )
 def test_since(value: object, expected: float | None) -> None:
