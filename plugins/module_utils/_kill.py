@@ -52,8 +52,10 @@ class Ended:
         rec = self.candidate.record()
         v = self.victim
         rec.update(signals_sent=list(v.signals_sent), outcome=v.outcome, seconds=v.seconds, round=self.round)
+        if v.teardown_s is not None:
+            rec["teardown_s"] = v.teardown_s
         if v.outcome == "unkillable":
-            rec.update(state=v.state, wchan=v.wchan)
+            rec.update(state=v.state, wchan=v.wchan, exiting=v.exiting_since is not None)
         return rec
 
 
@@ -143,7 +145,8 @@ class Kill:
                 self.ended.append(Ended(c, victim, self.rounds))
                 victims.append(victim)
             grace = self.grace_period if self.rounds == 1 else min(self.grace_period, max(0.0, start + self.deadline - now))
-            _signals.escalate(victims, first=self.first, grace_period=grace, kill_timeout=self.kill_timeout, clock=self.clock)
+            # A process whose GPU teardown is under way is waited for until the deadline, never beyond it.
+            _signals.escalate(victims, first=self.first, grace_period=grace, kill_timeout=self.kill_timeout, clock=self.clock, deadline=start + self.deadline)
             if any(v.outcome == "unkillable" for v in victims):
                 # Stuck in the kernel: another round cannot help, and the caller fails with their state.
                 return
@@ -232,6 +235,12 @@ def message(check_mode: bool, counts: dict[str, t.Any], targets: list[dict[str, 
     if check_mode:
         return f"would end {len(targets)} process(es){tail}"
     text = f"ended {counts['terminated'] + counts['killed']} process(es)"
+    if counts["terminated"] and counts["killed"]:
+        text += f" ({counts['terminated']} on their first signal, {counts['killed']} needed SIGKILL)"
+    if counts.get("exited"):
+        text += f"; {counts['exited']} were already exiting and were waited for"
+    if counts.get("teardown"):
+        text += f"; waited {counts['teardown_s']} s for the GPU teardown of {counts['teardown']}"
     if counts["vanished"]:
         text += f"; {counts['vanished']} had exited before their signal"
     if counts["respawned"]:
@@ -263,7 +272,11 @@ def outcome(
         if check_mode:
             rec["round"] = None
         targets.append(rec)
-    counts: dict[str, t.Any] = {k: sum(1 for x in targets if x["outcome"] == k) for k in ("terminated", "killed", "vanished", "unkillable")}
+    counts: dict[str, t.Any] = {k: sum(1 for x in targets if x["outcome"] == k) for k in ("terminated", "killed", "exited", "vanished", "unkillable")}
+    # Processes the kill found in their teardown (dying, SIGKILL powerless) and waited for, and the longest wait.
+    waits = [x["teardown_s"] for x in targets if x.get("teardown_s") is not None]
+    counts["teardown"] = len(waits)
+    counts["teardown_s"] = max(waits, default=0.0)
     signals: dict[str, int] = {}
     for x in targets:
         for s in x["signals_sent"]:
@@ -287,10 +300,13 @@ def outcome(
         result["diff"] = {"before": "".join(f"{line}\n" for line in before), "after": "".join(f"{line}\n" for line in after)}
     stuck = [x for x in targets if x["outcome"] == "unkillable"]
     if stuck:
-        detail = "; ".join(f"PID {x['pid']} ({x['name']}) in state {x.get('state')} waiting in {x.get('wchan') or '?'}" for x in stuck)
+        detail = "; ".join(stuck_detail(x, kill_timeout) for x in stuck)
+        # The verdict of the health ladder (ok < restart_app < reset_gpu < reboot < drain): a task the kernel
+        # cannot finish keeps its GPU until the node reboots.
+        result["verdict"] = "reboot"
         result["msg"] = (
-            f"{len(stuck)} process(es) survived SIGKILL after {kill_timeout} s: {detail}. They are stuck in the kernel"
-            " (often the NVIDIA driver); only a GPU reset or a reboot frees them."
+            f"{len(stuck)} process(es) could not be ended: {detail}. They are stuck in the kernel (usually the NVIDIA driver);"
+            " verdict reboot: only a reboot (or a GPU reset, where the driver allows it) frees them and their GPUs."
         )
         return result, _reasons.UNKILLABLE, warnings
     if kill.remaining:
@@ -304,6 +320,14 @@ def outcome(
         )
         return result, _reasons.HOLDERS_REMAIN, warnings
     return result, None, warnings
+
+
+def stuck_detail(x: dict[str, t.Any], kill_timeout: float) -> str:
+    """One unkillable target, in words: still in its teardown at the deadline, or SIGKILL not even acted on."""
+    where = f"state {x.get('state')} in {x.get('wchan') or '?'}"
+    if x.get("exiting"):
+        return f"PID {x['pid']} ({x['cmdline'] or x['name']}) was still in its teardown after {x['seconds']} s, at the deadline ({where})"
+    return f"PID {x['pid']} ({x['cmdline'] or x['name']}) had not begun to exit {kill_timeout} s after SIGKILL ({where})"
 
 
 # ---------------------------------------------------------------------- the gpu_procs_kill module
@@ -359,6 +383,7 @@ def build_request(
         users=users,
         include_children=p["include_children"],
         process_group=p["process_group"],
+        trees=p["trees"],
         scopes=scopes,
         device_dir=p["device_dir"],
         protect=protect,
@@ -385,6 +410,7 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "users": {"type": "list", "elements": "str", "default": []},
         "include_children": {"type": "bool", "default": False},
         "process_group": {"type": "bool", "default": False},
+        "trees": {"type": "bool", "default": True},
         "protect": {"type": "list", "elements": "str", "default": []},
         "unprotect": {"type": "list", "elements": "str", "default": []},
         "kill_management_clients": {"type": "bool", "default": False},

@@ -41,7 +41,7 @@ import re
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _protection, _reasons, _scope
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _protection, _reasons, _scope, _trees
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -118,6 +118,7 @@ class Request:
     users: dict[int | None, set[int]] | None = None  # uids per container scope (None: the host), from users_by_scope
     include_children: bool = False
     process_group: bool = False
+    trees: bool = False  # the sessions and process groups of the targets (_trees)
     scopes: list[_scope.Scope] = field(default_factory=list)
     device_dir: str = "/dev"
     protect: list[str] = field(default_factory=list)
@@ -385,7 +386,7 @@ def discover(req: Request) -> Plan:
     from_nvml(census, plan)
     from_device_files(census)
     from_patterns(census)
-    widen(census)
+    plan.ignored.extend(widen(census))
     protect_and_filter(census, plan)
     return plan
 
@@ -517,11 +518,12 @@ def from_patterns(census: Census) -> None:
         census.cand(pid).reasons.append(f"matches pattern {pattern!r}")
 
 
-def widen(census: Census) -> None:
-    """Add the descendants (``include_children``) and process group members (``process_group``) of the candidates."""
+def widen(census: Census) -> list[dict[str, t.Any]]:
+    """Add the descendants (``include_children``), the process group members (``process_group``) and the server
+    trees (``trees``: sessions and groups, :mod:`._trees`) of the candidates; returns the members left out, with why."""
     req, facts, guarded, cands = census.req, census.facts, census.guarded, census.cands
-    if not (req.include_children or req.process_group):
-        return
+    if not (req.include_children or req.process_group or req.trees):
+        return []
     children: dict[int, list[int]] = {}
     groups: dict[int, list[int]] = {}
     for pid, f in facts.items():
@@ -549,6 +551,29 @@ def widen(census: Census) -> None:
             for member in members:
                 if member not in cands:
                     census.cand(member).reasons.append(f"in process group {pgid} of PID {pid}")
+    left_out: list[dict[str, t.Any]] = []
+    if req.trees:
+        # A management client (device files open, none mapped) that protection will spare lends nothing either.
+        lenders = [
+            pid
+            for pid in roots
+            if not (not req.kill_management_clients and not cands[pid].nvml_listed and pid in census.holders and not census.holders[pid].has_mmaps)
+        ]
+        added, left_out = _trees.members(facts, lenders, guarded, lambda pid: foreign_gpu(census, pid))
+        for pid, why in added.items():
+            if pid not in cands:
+                census.cand(pid).reasons.append(why)
+    return left_out
+
+
+def foreign_gpu(census: Census, pid: int) -> str | None:
+    """A GPU ``pid`` holds (a device file it maps or has open, or NVML's listing) outside the selected ones, or None."""
+    if census.req.all_gpus:
+        return None
+    holding = census.holders.get(pid)
+    minors = (holding.minors if holding is not None else set()) | census.nvml_minors.get(pid, set())
+    other = sorted(census.minor_to_index.get(m, m) for m in minors - census.selected)
+    return f"GPU {other[0]}" if other else None
 
 
 def protect_and_filter(census: Census, plan: Plan) -> None:

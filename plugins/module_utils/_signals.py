@@ -16,6 +16,15 @@ readable the moment the
 process exits, so waiting returns as soon as the last target is gone instead
 of sleeping. Where pidfds are unavailable (kernel < 5.3), psutil's own
 reuse check and a short polling loop stand in.
+
+A process that is already exiting (the kernel has set PF_EXITING: it is
+dying, or its leader is a zombie while another thread finishes) is in its
+teardown: a GPU process sits in the driver until its contexts are freed, and
+no signal can shorten that (on the H200 0.12-0.22 s; pathological cases more
+than 30 s). Such a process is never signalled again: it is waited for, until
+the run's deadline, and reported with the seconds that took
+(``teardown_s``). One that is still there at the deadline, or that has not
+even begun to exit ``kill_timeout`` after SIGKILL, is ``unkillable``.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ SIGNALS = {
 }
 _POLL_FALLBACK_S = 0.005
 _POLL_SLICE_S = 60.0
+PF_EXITING = 0x00000004  #: include/linux/sched.h: the task is in do_exit()
 
 
 @dataclass
@@ -62,10 +72,20 @@ class Victim:
     seconds: float | None = None
     state: str | None = None
     wchan: str | None = None
+    exiting_since: float | None = None  #: when it was first seen exiting (clock of the run)
+    teardown_s: float | None = None  #: seconds waited for its teardown, from exiting_since until it was gone
 
     @property
     def done(self) -> bool:
         return self.outcome is not None
+
+
+def exiting(pid: int, identity: tuple[t.Any, ...] | None) -> bool:
+    """Whether the process (still this one) has begun to exit: PF_EXITING, or a zombie whose threads live on."""
+    st = _proctable.read_stat(pid)
+    if st is None or identity is None or st["starttime"] != identity[0]:
+        return False
+    return bool(st["flags"] & PF_EXITING) or st["state"] in ("Z", "X")
 
 
 def pin(pid: int, identity: tuple[t.Any, ...] | None) -> Victim:
@@ -82,7 +102,17 @@ def pin(pid: int, identity: tuple[t.Any, ...] | None) -> Victim:
     # With the pidfd open, the pid can no longer change hands: whatever /proc shows
     # now is the pinned process, and it must be the one discovery chose.
     st = _proctable.read_stat(pid)
-    if identity is None or _proctable.identity(pid) != identity or st is None or st["state"] in ("Z", "X"):
+    if identity is None or st is None or st["starttime"] != identity[0]:
+        close(victim)
+        victim.outcome, victim.seconds = "vanished", 0.0
+        return victim
+    if st["flags"] & PF_EXITING or st["state"] in ("Z", "X"):
+        # Dying already (a crash, the OOM killer): nothing to signal, but its teardown may still hold the GPU.
+        # A pidfd tells when it is gone; without one, psutil cannot wait for a zombie's threads, so it counts as gone.
+        if victim.pidfd is None:
+            victim.outcome, victim.seconds = "vanished", 0.0
+        return victim
+    if _proctable.identity(pid) != identity:
         close(victim)
         victim.outcome, victim.seconds = "vanished", 0.0
         return victim
@@ -164,37 +194,64 @@ def escalate(
     grace_period: float = 10.0,
     kill_timeout: float = 10.0,
     clock: t.Callable[[], float] = time.monotonic,
+    deadline: float | None = None,
 ) -> float:
     """End ``victims``: ``first`` signal, SIGCONT to stopped ones, grace, SIGKILL, wait.
 
-    Returns the seconds it took. Every victim ends with an ``outcome``.
+    A victim already exiting (pinned so, or found so when its grace period ends) is not signalled
+    (again): SIGKILL cannot shorten a teardown. ``deadline`` (absolute, on ``clock``; None: no later
+    than ``kill_timeout`` after SIGKILL) is how long a teardown under way is waited for. Returns the
+    seconds it took; every victim ends with an ``outcome``: terminated, killed, exited (it was
+    already exiting and got no signal), vanished or unkillable.
     """
     start = clock()
     live = [v for v in victims if not v.done]
     for v in live:
-        if not send(v, first):
+        if exiting(v.pid, v.identity):
+            v.exiting_since = start
+        elif not send(v, first):
             v.outcome, v.seconds = "vanished", round(clock() - start, 4)
     if first != "KILL":
         # A stopped process cannot act on SIGTERM until it is continued.
         for v in live:
-            if not v.done and _is_stopped(v):
+            if not v.done and v.signals_sent and _is_stopped(v):
                 send(v, "CONT")
         wait_exit(live, start + grace_period, start, "terminated", clock)
     survivors = [v for v in live if not v.done]
     if survivors:
         kill_start = clock()
-        if first != "KILL":
-            for v in survivors:
-                if not send(v, "KILL"):
-                    v.outcome, v.seconds = "killed", round(clock() - start, 4)
+        for v in survivors:
+            if v.exiting_since is None and exiting(v.pid, v.identity):
+                v.exiting_since = kill_start  # its teardown outlasted the grace period: no SIGKILL, it is on its way
+            if v.exiting_since is None and first != "KILL" and not send(v, "KILL"):
+                v.outcome, v.seconds = "killed", round(clock() - start, 4)
         wait_exit(survivors, kill_start + kill_timeout, start, "killed", clock)
+        late = [v for v in survivors if not v.done]
+        now = clock()
+        for v in late:
+            if v.exiting_since is None and exiting(v.pid, v.identity):
+                v.exiting_since = now
+        dying = [v for v in late if v.exiting_since is not None]
+        if dying and deadline is not None and deadline > now:
+            wait_exit(dying, deadline, start, "killed", clock)
+    end = clock()
     for v in live:
+        if v.exiting_since is not None:
+            if v.done:
+                v.teardown_s = round(start + (v.seconds or 0.0) - v.exiting_since, 4)
+                if not v.signals_sent:
+                    v.outcome = "exited"
+                elif v.outcome == "killed" and "KILL" not in v.signals_sent:
+                    v.outcome = "terminated"  # its first signal made it exit; the teardown took longer than the grace period
+            else:
+                v.teardown_s = round(end - v.exiting_since, 4)
         if not v.done:
-            # Still there after SIGKILL: stuck in the kernel (D state), frozen, or the like.
+            # Still there: stuck in the kernel (D state: its teardown in the driver, or an uninterruptible wait
+            # that SIGKILL cannot interrupt), frozen, or the like.
             st = _proctable.read_stat(v.pid)
             v.state = st["state"] if st else None
             v.wchan = _proctable.wchan(v.pid)
-            v.outcome, v.seconds = "unkillable", round(clock() - start, 4)
+            v.outcome, v.seconds = "unkillable", round(end - start, 4)
     for v in victims:
         close(v)
     return clock() - start

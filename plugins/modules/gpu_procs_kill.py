@@ -32,8 +32,19 @@ description:
     (management clients) are reported, not ended, unless O(kill_management_clients).
   - A protected process that holds GPU memory is listed in RV(protected) with the GPUs and memory it holds, and the
     module warns, since that GPU cannot come clean while it runs.
+  - With O(trees) (the default) it ends whole server trees in one run, adding the members of each target's session when a
+    target leads that session (SGLang starts each scheduler in a session of its own), and of its process group when a
+    target leads the group or its leader has exited (a launcher that died leaves its workers there, reparented to
+    PID 1 or a subreaper). A session or group led by a live process that is no target (a login shell, a supervisor, a
+    container's init) is never entered, nor one that holds this module, an Ansible process or an init; with O(gpus),
+    a member holding another GPU is left out (RV(ignored)). Protection applies to the members as to any target.
   - Sends O(signal) (SIGTERM) to each target, SIGCONT to stopped ones, waits up to O(grace_period), sends SIGKILL to
     survivors and waits up to O(kill_timeout). It returns as soon as the last target has exited.
+  - A target that is already exiting (its teardown in the GPU driver under way, dying or a zombie whose last
+    thread is still tearing down) is never signalled (again), since SIGKILL cannot shorten a teardown. It is waited for,
+    until O(deadline), and reported with RV(targets[].teardown_s). One still there at the deadline, or one that has not
+    even begun to exit O(kill_timeout) after SIGKILL, fails the module with RV(reason=unkillable) and RV(verdict=reboot),
+    and the module returns then.
   - Then it looks again, and ends in a new round whatever appeared meanwhile (workers a launcher forked during the
     grace period, a service restarted under it), until a discovery finds nothing or O(deadline) passes. Processes
     still found then make the module fail with RV(reason=holders_remain).
@@ -112,10 +123,16 @@ options:
     default: false
   process_group:
     description:
-      - Also end the other members of each target's process group, unless the group contains this module or one of
-        its ancestors.
+      - Also end the other members of each target's process group, whoever leads it, unless the group contains this
+        module or one of its ancestors. O(trees) enters a group only when a target leads it or its leader has exited.
     type: bool
     default: false
+  trees:
+    description:
+      - End whole server trees, found through their sessions and process groups (see the description), that is the
+        members of a session a target leads, and of a process group a target leads or whose leader has exited.
+    type: bool
+    default: true
   protect:
     description:
       - More programs never to signal, as shell-style globs matched against the basename of the process's executable
@@ -167,14 +184,17 @@ options:
     default: 10
   kill_timeout:
     description:
-      - Seconds to wait after SIGKILL before reporting a process as unkillable, from 0 to 86400 (one day).
+      - Seconds to wait after SIGKILL for a process to begin to exit, from 0 to 86400 (one day); one that has not is
+        reported as unkillable. One that is exiting (its GPU teardown under way) is waited for until O(deadline).
     type: float
     default: 10
   deadline:
     description:
       - Seconds from the first signal within which the module may start new rounds, for processes that appeared
         during the kill, from 0 to 86400 (one day). A later round gets what is left of it as its grace period; SIGKILL
-        always gets O(kill_timeout). Processes still found when it has passed make the module fail.
+        always gets O(kill_timeout). Processes still found when it has passed make the module fail; a process still
+        in its teardown then is unkillable. The module returns by this deadline, or by O(grace_period) plus
+        O(kill_timeout) after the first signal if that is later.
       - Unset means twice the sum of O(grace_period) and O(kill_timeout), at most 86400.
     type: float
   device_dir:
@@ -323,14 +343,21 @@ targets:
       type: int
       sample: 1
     outcome:
-      description: V(terminated) (after the first signal), V(killed) (after SIGKILL), V(vanished) (gone before it was
-        signalled), V(unkillable) (alive after SIGKILL), or null in check mode.
+      description: V(terminated) (after the first signal), V(killed) (after SIGKILL), V(exited) (it was already exiting
+        and got no signal; it was waited for), V(vanished) (gone before it was signalled), V(unkillable) (still there
+        at the deadline, or not exiting after SIGKILL), or null in check mode.
       type: str
       sample: terminated
     seconds:
-      description: Seconds from the first signal until it was gone.
+      description: Seconds from the first signal (or, for V(exited), from the start of the kill) until it was gone.
       type: float
       sample: 0.004
+    teardown_s:
+      description: Seconds the kill waited for its teardown in the driver, from when it was found exiting (when its
+        grace period or O(kill_timeout) ran out, or already at the start) until it was gone or the deadline passed.
+        Absent when it was gone within its grace period.
+      type: float
+      sample: 31.2
     state:
       description: Process state of an unkillable process (for example V(D)).
       type: str
@@ -339,6 +366,11 @@ targets:
       description: Kernel function an unkillable process waits in.
       type: str
       sample: __refrigerator
+    exiting:
+      description: For an unkillable process, whether it had begun to exit (stuck in its teardown) or not (SIGKILL not
+        even acted on).
+      type: bool
+      sample: true
 protected:
   description:
     - Processes found but never signalled, with why.
@@ -385,10 +417,21 @@ summary:
   description:
     - Counts of outcomes and of the signals sent, the number of rounds, and how many targets appeared during the kill
       (found after the first round).
-    - V(vanished) counts targets that had exited before their first signal; they are not counted as ended.
+    - V(vanished) counts targets that had exited before their first signal, V(exited) those already exiting (waited
+      for, not signalled); neither is counted as ended.
+    - V(teardown) counts the targets whose teardown the kill waited for (RV(targets[].teardown_s)), V(teardown_s) is the
+      longest such wait.
   returned: always
   type: dict
-  sample: {"terminated": 7, "killed": 2, "vanished": 0, "unkillable": 0, "signals": {"TERM": 9, "KILL": 2}, "rounds": 1, "respawned": 0}
+  sample: {"terminated": 7, "killed": 2, "exited": 0, "vanished": 0, "unkillable": 0, "teardown": 1, "teardown_s": 1.8,
+    "signals": {"TERM": 9, "KILL": 2}, "rounds": 1, "respawned": 0}
+verdict:
+  description: V(reboot) when the module fails with RV(reason=unkillable), since a process the kernel cannot end keeps
+    its GPU until the node reboots (the health verdict's scale, C(ok) < C(restart_app) < C(reset_gpu) < C(reboot) <
+    C(drain)).
+  returned: when the module fails with RV(reason=unkillable)
+  type: str
+  sample: reboot
 notes:
   description: Caveats (processes that could not be inspected, NVML unavailable, ...).
   returned: always

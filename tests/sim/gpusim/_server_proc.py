@@ -160,15 +160,34 @@ def loads_path(shm, ipc):
 
 
 # ---------------------------------------------------------------------- children
+def resource_tracker(tree, shm):
+    """multiprocessing's resource tracker, as a spawn-context server starts it (``python -c 'from
+    multiprocessing.resource_tracker import main;main(FD)'``, in the server's session and group), with the named
+    semaphores of the server's queues (``sem.mp-*``) registered in it. It ignores SIGINT and SIGTERM, lives while
+    any process holds its pipe (every member inherits it, as spawned children do) and unlinks what is still
+    registered when the last one is gone: the H200's ``sem.mp-*`` vanished so (server-facts 2026-12-02)."""
+    import multiprocessing
+    from multiprocessing import resource_tracker as rt
+
+    ctx = multiprocessing.get_context("spawn")
+    locks = [ctx.Lock() for _unused in range(3)]  # SemLock(..., unlink=False) + register(name, "semaphore")
+    KEEP.extend(locks)
+    tree["shm"] += [f"{shm}/sem.{lock._semlock.name.lstrip('/')}" for lock in locks]  # pylint: disable=protected-access
+    rt.ensure_running()
+    tree["tracker"] = {"pid": rt._resource_tracker._pid}  # pylint: disable=protected-access
+    return rt._resource_tracker._fd  # pylint: disable=protected-access
+
+
 def spawn(role, cfg, new_session=False, log_dir=None):
-    """Start a member: ``python -I _server_proc.py ROLE JSON`` with a pipe for its report lines."""
+    """Start a member: ``python -I _server_proc.py ROLE JSON`` with a pipe for its report lines (and the
+    resource tracker's pipe, which a spawned child inherits)."""
     r, w = os.pipe()
     cfg = dict(cfg, report_fd=w, parent=os.getpid())
     log = open(os.path.join(log_dir, f"{cfg.get('title', role).replace(':', '_')}.log"), "ab") if log_dir else subprocess.DEVNULL  # noqa: SIM115
     try:
         popen = subprocess.Popen(
             [sys.executable, "-I", os.path.abspath(__file__), role, json.dumps(cfg)],
-            pass_fds=(w,),
+            pass_fds=(w,) if cfg.get("tracker_fd") is None else (w, cfg["tracker_fd"]),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -382,6 +401,7 @@ def sglang_launcher(argv):
             # write_data_for_multi_tokenizer: SharedMemory(create=True, name=f"multi_tokenizer_args_{pid}"), then close().
             tree["shm"].append(segment(f"{cfg['shm']}/multi_tokenizer_args_{pid}", 4096, held=False))
         cfg["store_port"] = args.nccl_port if args.nccl_port is not None else args.port + 1
+        cfg["tracker_fd"] = resource_tracker(tree, cfg["shm"])
         detok = spawn("sglang-detokenizer", cfg, log_dir=cfg["log_dir"])
         members.append(detok)
         info = detok.report(deadline)
@@ -483,6 +503,7 @@ def vllm_api_server(argv):
             bind_ipc(path)
             tree["sockets"].append(path)
         cfg["store_port"] = cfg.get("store_port") or free_port()
+        cfg["tracker_fd"] = resource_tracker(tree, cfg["shm"])
         core = spawn("vllm-engine-core", cfg, log_dir=cfg["log_dir"])
         members.append(core)
         info = core.report(deadline)

@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
+import typing as t
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +48,7 @@ STUBS = paths.BUILD_DIR / "server-bin"  #: the sglang package and vllm script st
 READY_TIMEOUT = 90.0
 #: A SIGKILLed torch worker's memory is back 0.12-0.15 s after the signal with 40 GiB, 0.22 s with 120 GiB
 #: (H200, docs/results/server-facts-h200x1-2026-12-02.json): 85 ms plus 1.1 ms per GiB fits both.
-H200_TEARDOWN = {"delay_ms": 85, "per_gib_ms": 1.1}
+H200_TEARDOWN: t.Mapping[str, float] = types.MappingProxyType({"delay_ms": 85, "per_gib_ms": 1.1})
 
 
 class ServerStartError(RuntimeError):
@@ -83,11 +85,15 @@ class Server:
         launcher_role = "launcher" if kind == "sglang" else "api_server"
         self.members = [self._member(launcher_role, "", tree["launcher"]["pid"])]
         self.members += [self._member(m["role"], m["title"], m["pid"], m.get("gpu")) for m in tree["members"]]
-        try:
-            with open(f"/proc/{self.launcher.pid}/cmdline", "rb") as fh:
-                self.launcher.title = fh.read().rstrip(b"\0").replace(b"\0", b" ").decode()
-        except OSError:
-            pass
+        if "tracker" in tree:
+            self.members.append(self._member("resource_tracker", "", tree["tracker"]["pid"]))
+        for m in self.members:
+            if not m.title:
+                try:
+                    with open(f"/proc/{m.pid}/cmdline", "rb") as fh:
+                        m.title = fh.read().rstrip(b"\0").replace(b"\0", b" ").decode()
+                except OSError:
+                    pass
 
     def _member(self, role: str, title: str, ns_pid: int, gpu: int | None = None) -> Member:
         pid = ns_pid if self.sandbox is None else (find_in_namespace(self.sandbox.ns_inode, ns_pid) or 0)
@@ -186,7 +192,7 @@ def _stubs() -> Path:
 
 def _start(kind: str, node: Node, sandbox: Sandbox | None, argv: list[str], sim: dict[str, Any]) -> Server:
     stubs = _stubs()
-    env = {"GPUSIM_SERVER": json.dumps(sim), "PYTHONPATH": str(stubs), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {"GPUSIM_SERVER": json.dumps(sim), "PYTHONPATH": str(stubs)}
     if sandbox is not None:
         popen = sandbox.spawn_detached(argv, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     else:
@@ -214,7 +220,9 @@ def _start(kind: str, node: Node, sandbox: Sandbox | None, argv: list[str], sim:
     return Server(kind, node, sandbox, popen, json.loads(payload))
 
 
-def _sim(node: Node, sandbox: Sandbox | None, mib: int, shm: str, tmp: str, mq_kib: int, ipc_kib: int, teardown: dict[str, float] | None) -> dict[str, Any]:
+def _sim(
+    node: Node, sandbox: Sandbox | None, mib: int, shm: str, tmp: str, mq_kib: int, ipc_kib: int, teardown: t.Mapping[str, float] | None
+) -> dict[str, Any]:
     if teardown is not None:
         node.set_release_timing(**teardown)
     log_dir = Path(tempfile.mkdtemp(prefix="server-", dir=node.state_dir / "log"))
@@ -237,7 +245,7 @@ def start_sglang(
     tmp: str = "/tmp",
     mq_kib: int = 1024,
     ipc_kib: int = 64,
-    teardown: dict[str, float] | None = H200_TEARDOWN,
+    teardown: t.Mapping[str, float] | None = H200_TEARDOWN,
 ) -> Server:
     """``python3 -m sglang.launch_server --model-path MODEL --tp-size TP [--dp-size DP] --port PORT``: tp x dp
     schedulers on GPUs 0.., each holding ``mib``; the torch.distributed store on ``nccl_port`` (default
@@ -267,7 +275,7 @@ def start_vllm(
     tmp: str = "/tmp",
     mq_kib: int = 1024,
     ipc_kib: int = 64,
-    teardown: dict[str, float] | None = H200_TEARDOWN,
+    teardown: t.Mapping[str, float] | None = H200_TEARDOWN,
 ) -> Server:
     """``vllm serve MODEL --tensor-parallel-size TP --port PORT``: an API server, ``VLLM::EngineCore`` and
     ``VLLM::Worker_TP<k>`` on GPUs 0..tp-1, each holding ``mib`` (gpu_memory_utilization 0.9 of an H200)."""

@@ -95,12 +95,19 @@ def test_sglang_tp8_tree_its_crash_and_the_next_start(node, sandbox) -> None:
     assert held[next(n for n in names if n.startswith(f"torch_{tp0.ns_pid}_"))] == set()
     assert srv.ports["http"] == port and srv.ports["store"] == port + 1
 
+    [tracker] = srv.role("resource_tracker")
+    assert "from multiprocessing.resource_tracker import main;main(" in cmdline(tracker.pid)
+    assert stat(tracker.pid) == {"ppid": launcher.pid, "pgid": launcher.pid, "sid": launcher.pid}
+    sems = [p for p in srv.shm if os.path.basename(p).startswith("sem.mp-")]
+    assert len(sems) == 3
+
     survivors = srv.crash()
     # The launcher is gone, its detokenizer died with it (PR_SET_PDEATHSIG); the schedulers live on,
-    # reparented to the sandbox's PID 1, with their GPU memory, their store port and their files.
-    assert survivors == ranks
+    # reparented to the sandbox's PID 1, with their GPU memory, their store port and their files, and so
+    # does the resource tracker, whose pipe they inherited.
+    assert survivors == [*ranks, tracker]
     init = sandbox.init_pid
-    assert all(ppid(r.pid) == init for r in ranks)
+    assert all(ppid(r.pid) == init for r in [*ranks, tracker])
     assert all(node.memory(k)["used_mib"] == 100000 + CONTEXT_OVERHEAD_MIB for k in range(8))
     assert all(os.path.lexists(srv.path(p)) for p in srv.shm + srv.sockets)
     with pytest.raises(
@@ -117,11 +124,16 @@ def test_sglang_tp8_tree_its_crash_and_the_next_start(node, sandbox) -> None:
         time.sleep(0.005)
     [ctx] = [c for c in node.contexts() if c["gpu"] == 7]
     assert ctx["release_ns"] - ctx["dead_ns"] == 85_000_000 + 1100 * 1000 * 100000 // 1024
+    for r in ranks[:7]:
+        r.handle.signal(signal.SIGKILL)
+    # With the last scheduler gone, the tracker unlinks the semaphores still registered and exits (the H200's sem.mp-*).
+    assert tracker.handle.wait_exit(10)
+    assert not any(os.path.lexists(srv.path(p)) for p in sems)
     srv.stop()
     node.wait_clean(timeout=10)
     # Once the survivors are gone the next start gets the ports and the GPUs (the dead files stay: new names).
     again = start_sglang(node, sandbox=sandbox, tp=8, port=port)
-    assert again.ports["http"] == port and len(again.alive()) == 10
+    assert again.ports["http"] == port and len(again.alive()) == 11
     again.stop()
 
 
@@ -131,7 +143,7 @@ def test_sglang_data_parallel_controller_starts_the_schedulers(node, sandbox) ->
     assert cmdline(ctl.pid) == "sglang::data_parallel_controller" and stat(ctl.pid)["ppid"] == srv.launcher.pid
     assert [(r.title, r.gpu) for r in srv.ranks] == [(f"sglang::scheduler_DP{d}_TP{t}", 2 * d + t) for d in (0, 1) for t in (0, 1)]
     assert all(stat(r.pid)["ppid"] == ctl.pid and stat(r.pid)["sid"] == r.pid for r in srv.ranks)
-    assert srv.crash() == srv.ranks  # the controller dies with the launcher, the schedulers do not
+    assert srv.crash() == [*srv.ranks, *srv.role("resource_tracker")]  # the controller dies with the launcher, the schedulers do not
     srv.stop()
 
 
@@ -149,9 +161,11 @@ def test_vllm_tp8_tree_and_its_crash(node, sandbox) -> None:
     assert sum(1 for n in names if re.fullmatch(r"psm_[0-9a-f]{8}", n)) == 9  # the broadcast queue and each worker's response queue
     assert {f"cuda.shm.0.{r.ns_pid:x}.1" for r in ranks} <= set(names)
     assert len(srv.sockets) == 2 and all(re.fullmatch(r"/tmp/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", s) for s in srv.sockets)
-    # The engine core is OOM-killed: the API server shuts down, the workers are orphans that keep their GPUs.
-    assert srv.crash() == ranks
-    assert all(ppid(r.pid) == sandbox.init_pid and stat(r.pid)["sid"] == api.pid for r in ranks)
+    # The engine core is OOM-killed: the API server shuts down, the workers are orphans that keep their GPUs
+    # and the resource tracker, all in the dead API server's session and group.
+    [tracker] = srv.role("resource_tracker")
+    assert srv.crash() == [*ranks, tracker]
+    assert all(ppid(r.pid) == sandbox.init_pid and stat(r.pid)["sid"] == api.pid for r in [*ranks, tracker])
     assert state(api.pid) is None or not api.alive()
     assert all(node.memory(k)["used_mib"] > 0 for k in range(8))
     srv.stop()

@@ -144,9 +144,21 @@ def test_the_result_counts_only_what_was_ended_and_warns_about_what_it_could_not
     runs = [ended(10, "terminated", ["TERM"]), ended(11, "vanished", []), ended(12, "killed", ["TERM", "KILL"], 2)]
     result, reason, warnings = _kill.outcome(kill, runs, False, 10, 1.5, [], ["NVML cannot be read (x)"], diff=True)
     assert reason is None
-    assert result["summary"] == {"terminated": 1, "killed": 1, "vanished": 1, "unkillable": 0, "signals": {"TERM": 2, "KILL": 1}, "rounds": 2, "respawned": 1}
+    assert result["summary"] == {
+        "terminated": 1,
+        "killed": 1,
+        "exited": 0,
+        "vanished": 1,
+        "unkillable": 0,
+        "teardown": 0,
+        "teardown_s": 0.0,
+        "signals": {"TERM": 2, "KILL": 1},
+        "rounds": 2,
+        "respawned": 1,
+    }
     assert result["msg"] == (
-        "ended 2 process(es); 1 had exited before their signal; 1 of them appeared during the kill and were ended in 2 rounds;"
+        "ended 2 process(es) (1 on their first signal, 1 needed SIGKILL); 1 had exited before their signal;"
+        " 1 of them appeared during the kill and were ended in 2 rounds;"
         " 2 protected, 1 of them holding GPU memory (see the warnings)"
     )
     assert warnings[0] == "NVML cannot be read (x)"

@@ -23,6 +23,18 @@ CHILD = textwrap.dedent(
     elif mode.startswith("slow:"):
         delay = float(mode.split(":")[1])
         signal.signal(signal.SIGTERM, lambda *_: (time.sleep(delay), sys.exit(0)))
+    elif mode.startswith(("dying:", "dies-on-term:")):
+        # A process in its teardown, as a killed torch worker is: its leader exits (a zombie, PF_EXITING) while
+        # another thread finishes and ends the process DELAY seconds later. ctypes drops the GIL for the call.
+        import ctypes, os, threading
+        delay = float(mode.split(":")[1])
+        def teardown(*_):
+            threading.Thread(target=lambda: (time.sleep(delay), os._exit(0))).start()
+            ctypes.CDLL(None).pthread_exit(None)
+        if mode.startswith("dying:"):
+            print("ready", flush=True)
+            teardown()
+        signal.signal(signal.SIGTERM, teardown)
     print("ready", flush=True)
     while True:
         time.sleep(1)
@@ -164,3 +176,47 @@ def test_a_process_stuck_in_d_state_is_reported_unkillable(spawn, tmp_path: Path
         (group / "freezer.state").write_text("THAWED")
         p.wait(timeout=5)
         group.rmdir()
+
+
+def wait_state(pid: int, states: str) -> None:
+    deadline = time.time() + 5
+    while (_proctable.read_stat(pid) or {}).get("state") not in states and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_process_already_in_its_teardown_is_waited_for_never_signalled(spawn) -> None:
+    # Dying before the kill came (a crash, the OOM killer): its leader is a zombie, its last thread ends 1.5 s later.
+    p = spawn("dying:1.5")
+    wait_state(p.pid, "Z")
+    v = victim(p)
+    assert v.outcome is None and _signals.exiting(p.pid, v.identity)
+    start = time.monotonic()
+    _signals.escalate([v], grace_period=0.2, kill_timeout=0.2, deadline=start + 30)
+    # Waited past grace and kill_timeout, up to its end; nothing sent (SIGKILL cannot shorten a teardown).
+    assert v.outcome == "exited" and v.signals_sent == []
+    assert v.teardown_s is not None and v.teardown_s >= 1.0, v
+    assert p.wait(timeout=5) == 0  # it ended by itself: a SIGKILL would read -9
+
+
+def test_a_teardown_longer_than_the_grace_period_gets_no_sigkill(spawn) -> None:
+    # SIGTERM makes it exit, but its teardown outlasts the grace period: it is on its way, SIGKILL would change nothing.
+    p = spawn("dies-on-term:1.5")
+    v = victim(p)
+    start = time.monotonic()
+    _signals.escalate([v], grace_period=0.3, kill_timeout=0.3, deadline=start + 30)
+    assert v.outcome == "terminated" and v.signals_sent == ["TERM"], v
+    assert v.teardown_s is not None and v.teardown_s >= 0.5
+    assert p.wait(timeout=5) == 0
+
+
+def test_a_teardown_that_outlasts_the_deadline_is_unkillable_on_time(spawn) -> None:
+    p = spawn("dying:60")
+    wait_state(p.pid, "Z")
+    v = victim(p)
+    start = time.monotonic()
+    _signals.escalate([v], grace_period=0.2, kill_timeout=0.2, deadline=start + 1.0)
+    # Given up at the deadline, not after the teardown's 60 s (15 s: room for a loaded machine).
+    assert time.monotonic() - start < 15
+    assert v.outcome == "unkillable" and v.exiting_since is not None and v.state == "Z"
+    assert v.teardown_s is not None and v.teardown_s >= 0.9
+    p.kill()
