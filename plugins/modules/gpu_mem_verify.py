@@ -387,6 +387,10 @@ gpus:
           C(fabric) (C(state), C(status)), C(compute_mode), C(mig_mode) (C(current), C(pending)) and C(persistence_mode);
           each null where the GPU or the driver does not report it (never guessed).
         - A GPU diagnosed V(gpu_lost) (or whose driver call hung) is V(reboot).
+        - An Xid's C(bucket) is the immediate action of NVIDIA's Xid catalog, the edition that lists Xids 1 to 172
+          (driver linkage up to R575, CUDA 12.9; read 2026-12-02), V(UNKNOWN) for one it does not give one; the
+          verdict of each bucket is V(IGNORE) V(ok), V(RESTART_APP) V(restart_app), V(RESET_GPU) and V(UNKNOWN)
+          V(reset_gpu), V(RESTART_BM) V(reboot), V(CONTACT_SUPPORT), V(CHECK_MECHANICALS) and V(DRAIN_P2P) V(drain).
       returned: when O(health) is true
       type: dict
       sample:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import time
 
-import pytest
 from gpusim import Node
 from support.modules import ModuleRunner, assert_no_traceback
 
@@ -101,16 +100,38 @@ def test_the_drivers_recovery_action_gives_the_verdict(mod, node) -> None:
     assert g3["health"]["verdict"] == "reboot" and g3["health"]["readings"]["recovery_action"] == "node_reboot"
 
 
-@pytest.mark.parametrize("how", ["remap_failure", "xid_64"])
-def test_a_failed_row_remap_is_drain(mod, node, how) -> None:
+def test_a_failed_row_remap_is_drain_and_its_xid_64_alone_a_reset(mod, node) -> None:
+    """NVML's remap failure is an RMA case (drain); the catalog's immediate action for the Xid 64 line alone is a reset."""
     since = time.time()
-    if how == "remap_failure":
-        node.set_health(0, remap_failure=1)
-    else:
-        node.xid(0, 64)
+    node.set_health(0, remap_failure=1)
+    node.xid(1, 64)
     r = verify(mod, since=since, fail_on="drain")
     assert (r["_status"], r["reason"]) == ("failed", "unhealthy"), r
     assert r["gpus"][0]["health"]["verdict"] == "drain" and r["health"]["verdict"] == "drain"
+    assert r["gpus"][1]["health"]["verdict"] == "reset_gpu"
+    assert [(e["xid"], e["bucket"]) for e in r["gpus"][1]["health"]["readings"]["xid"]] == [(64, "RESET_GPU")]
+
+
+def test_one_xid_of_each_bucket_on_a_gpu_each_gives_the_catalogs_verdict(mod, node) -> None:
+    """The Xids whose bucket was read wrong before (43, 45, 63, 109) and one of each other bucket, as the driver logs them."""
+    since = time.time()
+    logged = {0: 43, 1: 45, 2: 63, 3: 109, 4: 13, 5: 142, 6: 54, 7: 57}
+    for gpu, xid in logged.items():
+        node.xid(gpu, xid, text={142: "NVENC3 Error", 54: "Auxiliary power is not connected to the GPU board"}.get(xid))
+    r = verify(mod, since=since, fail_on="never")
+    assert r["_status"] == "ok", r
+    got = {g["index"]: (g["health"]["readings"]["xid"][0]["bucket"], g["health"]["verdict"]) for g in r["gpus"]}
+    assert got == {
+        0: ("IGNORE", "ok"),
+        1: ("IGNORE", "ok"),
+        2: ("IGNORE", "ok"),
+        3: ("RESET_GPU", "reset_gpu"),
+        4: ("RESTART_APP", "restart_app"),
+        5: ("CONTACT_SUPPORT", "drain"),
+        6: ("CHECK_MECHANICALS", "drain"),
+        7: ("UNKNOWN", "reset_gpu"),
+    }
+    assert any("Xid 57" in e and "not in the collection's table" in e for e in r["health"]["evidence"])
 
 
 def test_a_fabric_not_up_without_fabric_manager_is_reset_gpu_and_says_start_it(mod, node, sandbox) -> None:

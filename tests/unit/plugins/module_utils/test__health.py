@@ -43,11 +43,12 @@ def test_the_verdicts_are_ordered_and_fail_on_fails_a_finding_at_or_above_it() -
     [
         (13, "RESTART_APP"),
         (31, "RESTART_APP"),
-        (43, "RESTART_APP"),
-        (45, "RESTART_APP"),
+        (43, "IGNORE"),
+        (45, "IGNORE"),
         (48, "RESET_GPU"),
-        (63, "RESET_GPU"),
-        (64, "CONTACT_SUPPORT"),
+        (63, "IGNORE"),
+        (64, "RESET_GPU"),
+        (109, "RESET_GPU"),
         (79, "RESTART_BM"),
         (92, "IGNORE"),
         (95, "RESET_GPU"),
@@ -71,11 +72,6 @@ def test_xid_buckets(xid: int, bucket: str) -> None:
 )
 def test_xid_154_carries_the_new_recovery_action(text: str, bucket: str) -> None:
     assert _health.xid_bucket(154, text) == bucket
-
-
-def test_the_application_xids_of_the_device_plugin_are_restart_app() -> None:
-    # NVIDIA/k8s-device-plugin#1340: 13, 31, 43, 45, 68, 109 are application errors.
-    assert {_health.BUCKET_VERDICTS[_health.xid_bucket(x)] for x in (13, 31, 43, 45, 68, 109)} == {"restart_app"}
 
 
 # ---------------------------------------------------------------------- the kernel log
@@ -113,6 +109,32 @@ def test_a_file_in_kmsg_format_is_read_like_dev_kmsg(tmp_path) -> None:
     [event] = events
     assert event["xid"] == 48 and event["bucket"] == "RESET_GPU"
     assert abs(event["time"] - (boot + now_us / 1e6)) < 1
+
+
+@pytest.mark.parametrize(
+    ("xid", "text", "bucket", "verdict"),
+    [
+        (45, "pid=4242, name=python3, Ch 00000008", "IGNORE", "ok"),
+        (13, "pid=4242, name=python3, Graphics SM Warp Exception", "RESTART_APP", "restart_app"),
+        (64, "Row Remapper: Failed to mark a row for remapping.", "RESET_GPU", "reset_gpu"),
+        (79, "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", "RESTART_BM", "reboot"),
+        (142, "NVENC3 error", "CONTACT_SUPPORT", "drain"),
+        (54, "Auxiliary power is not connected to the GPU board", "CHECK_MECHANICALS", "drain"),
+        (154, "GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)", "DRAIN_P2P", "drain"),
+        (57, "pid='<unknown>', name=<unknown>, something new", "UNKNOWN", "reset_gpu"),
+    ],
+)
+def test_each_bucket_read_from_a_kernel_log_gives_its_verdict(tmp_path, xid: int, text: str, bucket: str, verdict: str) -> None:
+    """One Xid of each bucket, as the driver prints it, read from a kernel log and judged."""
+    log = tmp_path / "kmsg"
+    now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    log.write_bytes(kmsg_line(7, now_us, f"NVRM: Xid (PCI:0000:18:00): {xid}, {text}", prio=4))
+    _source, events, _read = _health.read_xids(time.time() - 60, str(log))
+    assert [(e["xid"], e["bucket"]) for e in events] == [(xid, bucket)]
+    judged_readings = readings(xid=[{k: v for k, v in e.items() if k != "bus"} for e in events])
+    judged = _health.judge_gpu(judged_readings)
+    assert judged["verdict"] == verdict
+    assert (judged["evidence"] == []) is (verdict == "ok")
 
 
 def test_an_unreadable_kernel_log_is_none(tmp_path) -> None:
