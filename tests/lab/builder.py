@@ -1,30 +1,36 @@
-"""The multi-host lab: two Proxmox "hypervisors" with simulated GPUs and three LXC
-"containers", each a real SSH host or a real PID namespace, on a private network.
+"""The multi-host lab: Proxmox VE "hypervisors" with simulated GPUs and real LXC containers on them,
+each a real SSH host or reached through ``pct``, on a private network.
 
-Built from ``tests/sim/pvesim/clusters/lab.yml`` (the same description the Proxmox API
-simulator serves to the inventory plugin), so the inventory describes exactly what runs.
-See docs/lab.md for the picture. In short:
+Built from ``tests/sim/pvesim/clusters/lab.yml`` (the same description the Proxmox API simulator
+serves to the inventory plugin), so the inventory describes exactly what runs. See docs/lab.md for the
+picture. In short:
 
-* network namespace ``gpuopslab`` (the controller's: pytest, ansible-playbook, the API
-  simulator on 127.0.0.1) holds the bridge ``gpuopslab0`` with 10.77.0.1/24; veth links go
-  to the network namespaces ``pve1``, ``pve2`` and ``ct101``;
-* a hypervisor is a network namespace + PID namespace (+ its own /proc and mount namespace) whose
-  pid 1 is ``gpusim/_sbinit.py``, running its own ``sshd`` on its address, with a gpusim node (8 GPUs)
-  whose sessions get ``GPUSIM_STATE``, ``LD_LIBRARY_PATH`` and ``PCTSIM_DIR``; the fake ``pct`` is at
-  ``/usr/sbin/pct`` there (an overlay on ``/usr/sbin`` in its mount namespace), where Proxmox VE has it
-  and where community.proxmox's ``proxmox_pct_remote`` calls it. Its Python is this machine's Debian
-  ``/usr/bin/python3`` (EXTERNALLY-MANAGED), without the modules' dependencies: the role installs them
-  into a virtual environment (pve1 from a package index the controller serves, pve2 from wheels
-  shipped by the controller; neither reaches anything else), and pip reads no configuration of this
-  machine (``PIP_CONFIG_FILE=/dev/null``);
-* a container is a PID namespace nested in its hypervisor's (so the hypervisor's /proc sees
-  its processes, with NSpid levels, as on Proxmox), in the cgroup ``lxc/<vmid>``, registered
-  with its hypervisor's ``pct``; ct101 also has a network namespace and its own sshd;
-  ct102 and ct201 have an empty network namespace and are reached only through ``pct``.
+* network namespace ``gpuopslab`` (the controller's: pytest, ansible-playbook, the API simulator on
+  127.0.0.1) holds the bridge ``gpuopslab0`` with 10.77.0.1/24; veth links go to the nodes' network
+  namespaces, where each node's ``eth0`` is a port of its bridge ``vmbr0`` (its address is on it);
+* a hypervisor is a network, PID, UTS and mount namespace whose first process (``node_init.py``) makes
+  what a Proxmox VE node has (its host name, a ``/dev`` with the simulated GPUs at ``/dev/nvidia*``,
+  ``/etc/pve`` with the cluster's container configurations, ``/var/lib/lxc``, ``/usr/sbin/pct``, its
+  own cgroups) and becomes gpusim's reaping init; it runs its own ``sshd`` on its address, with a gpusim
+  node (8 GPUs) whose sessions get ``GPUSIM_STATE``, ``GPUSIM_DEV_DIR=/dev``, ``LD_LIBRARY_PATH`` and
+  ``PCTSIM_DIR``. Its Python is this machine's Debian ``/usr/bin/python3`` (EXTERNALLY-MANAGED), without
+  the modules' dependencies: the role installs them into a virtual environment (pve1 from a package
+  index the controller serves, pve2 from wheels shipped by the controller; neither reaches anything
+  else), and pip reads no configuration of this machine (``PIP_CONFIG_FILE=/dev/null``);
+* a container is a real LXC container (Debian's LXC 5), started on its node with ``lxc-start -n <vmid>``
+  from the ``/var/lib/lxc/<vmid>/config`` that tests/lab/pvenode.py writes from its Proxmox VE
+  configuration as pve-container does: unprivileged ones with PVE's id map (root is uid 100000 on the
+  node), a privileged one, GPUs passed through as ``devN`` entries (pre-start and autodev hooks,
+  ``lxc-pve-hook``) or raw ``lxc.mount.entry`` lines; LXC's ``init.lxc`` is its PID 1. ``pct`` on the
+  node (tests/sim/bin/pct) reaches it with ``lxc-attach``; ct101 has its own sshd on its address.
 
-Everything runs inside ``tools/pidns-run`` (private PID and mount namespaces), so the
-named network namespaces live on a private tmpfs at /run/netns and nothing the lab starts
-can outlive the run. :meth:`Lab.teardown` also removes it all explicitly.
+Everything runs inside ``tools/pidns-run`` (private PID and mount namespaces, private /tmp), so the
+named network namespaces live on a private tmpfs at /run/netns, every file of the run is in the
+private /tmp, and nothing the lab starts can outlive the run. Names that would be shared with another
+run on this machine are this run's own: the cgroups of the nodes and their containers live under
+``gpuops-lab-<run id>/<node>`` (beside this process's cgroup, in every hierarchy), held by the run's lock
+``/run/lock/gpuops-clean-slate-lab/<run id>.lock``. :meth:`Lab.teardown` removes it all; the empty cgroup
+directories a killed run leaves are removed by the next lab (of any checkout) that finds their lock free.
 """
 
 from __future__ import annotations
@@ -54,20 +60,27 @@ HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 ROOT = TESTS.parent
 from gpusim import BIN_DIR, LIB_DIR, Node  # noqa: E402
-from pvesim import PveSim, load_cluster, parse_conf  # noqa: E402
+from lab import pvenode  # noqa: E402
+from pvesim import PveSim, load_cluster  # noqa: E402
+from pvesim.model import Cluster  # noqa: E402
 from support.ansible import VENV, VENV_PYTHON, AnsibleRun, ansible_env, run_playbook  # noqa: E402
 
 CLUSTER_FILE = TESTS / "sim" / "pvesim" / "clusters" / "lab.yml"
-# A reaping init, the same as a gpusim sandbox's.
-PID1 = HERE.parent / "sim" / "gpusim" / "_sbinit.py"
-FAKE_PCT = TESTS / "sim" / "bin" / "pct"
+SIM_DIR = TESTS / "sim"
+# A reaping init, the same as a gpusim sandbox's: the hypervisors' PID 1 (after node_init.py).
+PID1 = SIM_DIR / "gpusim" / "_sbinit.py"
+NODE_INIT = HERE / "node_init.py"
+PCT = SIM_DIR / "bin" / "pct"
+RESIDUE_JOB = SIM_DIR / "gpusim" / "_residue_job.py"
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
 WORKER = BIN_DIR / "gpusim-worker"
 SSHD = "/usr/sbin/sshd"
 CONTROLLER_NS = "gpuopslab"
 BRIDGE = "gpuopslab0"
+NODE_BRIDGE = "vmbr0"
 NETNS_DIR = Path("/run/netns")
-LOCK_FILE = Path("/run/lock/gpuops-clean-slate-lab.lock")
+LOCK_DIR = Path("/run/lock/gpuops-clean-slate-lab")
+RUN_PREFIX = "gpuops-lab-"
 TMP_PREFIX = "gpuops-lab-"
 TARGET_VENV = ROOT / ".build" / "lab" / "py39"
 #: Test-only downloads of `make setup` (tools/fetch_test_deps.py).
@@ -81,12 +94,16 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 INDEX_NODE = "pve1"
 DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 CONTAINER_DAEMONS = ("dcgm-exporter",)
+#: Inside a container: the job binary and the residue job script, copied into its image.
+CONTAINER_WORKER = "/usr/local/bin/gpusim-worker"
+CONTAINER_RESIDUE_JOB = "/usr/local/lib/gpusim/_residue_job.py"
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Moves the shell into a cgroup (cgroup v2: "0" means the writer), then execs the command.
-CGROUP_JOIN = 'echo 0 > "$0" 2>/dev/null; exec "$@"'
+LXC_TOOLS = ("lxc-start", "lxc-stop", "lxc-attach", "lxc-info")
 INIT_PID_NS_INO = 0xEFFFFFFC
 CRED = struct.Struct("3i")
 TOKEN_ID = "root@pam!gpuops-lab"
+#: How long pct takes per call in the lab (PCTSIM latency_ms): the real one's second unless told.
+PCT_LATENCY_MS = int(os.environ.get("GPUOPS_LAB_PCT_LATENCY_MS", "1000"))
 
 
 class LabError(RuntimeError):
@@ -132,6 +149,30 @@ def find_in_namespace(ns_inode: int, ns_pid: int) -> int | None:
     return None
 
 
+def find_below(ns_inode: int, ns_pid: int) -> int | None:
+    """Our pid of the process that has pid ``ns_pid`` in the PID namespace ``ns_inode`` and lives in a
+    namespace nested in it (a container's init, as its node sees it): one of its ancestors is in it."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            levels = nspid(int(entry))
+            own = pidns_inode(int(entry))
+            if ns_pid not in levels[1:-1] or own == ns_inode:
+                continue
+            pid = int(entry)
+            for _step in range(len(levels)):
+                with open(f"/proc/{pid}/status") as f:
+                    pid = int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+                if pid <= 1:
+                    break
+                if pidns_inode(pid) == ns_inode:
+                    return int(entry) if nspid(int(entry))[len(nspid(pid)) - 1] == ns_pid else None
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, StopIteration, ValueError):
+            continue
+    return None
+
+
 def recv_ready(sock: socket.socket, timeout: float, what: str) -> tuple[str, int]:
     """One line from a ready socket and the writer's pid in our PID namespace (SO_PASSCRED)."""
     deadline = time.monotonic() + timeout
@@ -158,20 +199,109 @@ def ready_pair() -> tuple[socket.socket, socket.socket]:
     return ours, theirs
 
 
-def cgroup2_base() -> Path | None:
-    """Where a writable cgroup v2 hierarchy is mounted (hybrid layout first)."""
-    mounts = {}
-    with open("/proc/self/mounts") as f:
+# ---------------------------------------------------------------------- cgroups of a run
+def cgroup_bases() -> list[Path]:
+    """This process's cgroup directory in every mounted hierarchy (v1 controllers, named v1, v2)."""
+    own: dict[str, str] = {}
+    with open("/proc/self/cgroup", encoding="ascii") as f:
         for line in f:
-            parts = line.split()
-            if len(parts) >= 3:
-                mounts[parts[1]] = parts[2]
-    for base in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
-        if mounts.get(base) == "cgroup2" and os.access(base, os.W_OK):
-            return Path(base)
-    return None
+            _hid, controllers, path = line.rstrip("\n").split(":", 2)
+            own[controllers] = path
+    bases: list[Path] = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            left, _sep, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(rfields) < 3 or rfields[0] not in ("cgroup", "cgroup2"):
+                continue
+            root, mountpoint, options = fields[3], fields[4], set(rfields[2].split(","))
+            # A v1 hierarchy is the /proc/self/cgroup line whose controllers its mount options name.
+            v1 = next((k for k in own if k and set(k.split(",")) <= options), None)
+            key = ("" if "" in own else None) if rfields[0] == "cgroup2" else v1
+            if key is None or not (own[key] + "/").startswith(root.rstrip("/") + "/"):
+                continue
+            base = Path(mountpoint) / os.path.relpath(own[key], root)
+            if base.resolve() not in [b.resolve() for b in bases]:
+                bases.append(base)
+    return bases
 
 
+def make_cgroup(base: Path, rel: str) -> Path:
+    """``base/rel`` (each level made; cpuset levels get their parent's CPUs and memory nodes)."""
+    path = base
+    for part in rel.split("/"):
+        parent, path = path, path / part
+        path.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            if (path / knob).exists() and not (path / knob).read_text().strip():
+                (path / knob).write_text((parent / knob).read_text())
+    return path
+
+
+def remove_cgroup_tree(top: Path, timeout: float = 5.0) -> None:
+    """rmdir ``top`` and everything under it, deepest first (cgroups empty as their last process exits)."""
+    deadline = time.monotonic() + timeout
+    while top.exists():
+        dirs = sorted((Path(d) for d, _subdirs, _files in os.walk(top)), key=lambda p: len(p.parts), reverse=True)
+        busy = None
+        for d in dirs:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                busy = exc
+        if busy is None:
+            return
+        if time.monotonic() > deadline:
+            raise busy
+        time.sleep(0.05)
+
+
+def run_lock_held(run: str) -> bool:
+    """Does a live lab hold the lock of run ``run``?"""
+    try:
+        fd = os.open(LOCK_DIR / f"{run}.lock", os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def remove_stale_runs() -> list[str]:
+    """Remove what killed labs left (their cgroup directories, empty since their processes died, and
+    their lock files): every ``gpuops-lab-<run>`` whose lock no live lab holds. Returns those runs."""
+    removed: list[str] = []
+    for base in cgroup_bases():
+        for d in base.glob(RUN_PREFIX + "*"):
+            run = d.name[len(RUN_PREFIX) :]
+            if d.is_dir() and not run_lock_held(run):
+                try:
+                    remove_cgroup_tree(d, timeout=1.0)
+                except OSError:
+                    continue  # still has processes: not ours to touch
+                removed.append(run)
+    if LOCK_DIR.is_dir():
+        for lock in LOCK_DIR.glob("*.lock"):
+            run = lock.name[: -len(".lock")]
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock.unlink(missing_ok=True)  # unlinked while held: a lab that opens it now sees it gone
+                removed.append(run)
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
+    return sorted(set(removed))
+
+
+# ---------------------------------------------------------------------- processes and hosts
 @dataclass
 class Proc:
     """A process the lab started, held by a pidfd: signals never reach a recycled pid."""
@@ -221,7 +351,7 @@ class Proc:
 
 @dataclass
 class Host:
-    """A lab host: hypervisor ("node") or container ("lxc")."""
+    """A lab host: hypervisor ("node") or LXC container ("lxc")."""
 
     name: str
     kind: str
@@ -235,11 +365,14 @@ class Host:
     reach: str = "ssh"  # ssh, or hypervisor (no network; pct from its node)
     netns: str | None = None
     python: str = VENV_PYTHON
-    conf: dict[str, Any] = field(default_factory=dict)
+    conf: dict[str, Any] = field(default_factory=dict)  # a container's Proxmox VE configuration, parsed
+    unprivileged: bool = False
+    has_workload: bool = True  # a job is started on it by Lab.reset()
+    default_run: bool = True  # in the playbook runs that name no --limit
     init: Proc | None = None
     init_popen: subprocess.Popen[bytes] | None = None
     sshd: Proc | None = None
-    cgroup: Path | None = None
+    cgroup_procs: list[Path] = field(default_factory=list)  # a node's cgroup.procs files (every hierarchy)
     workload: list[Proc] = field(default_factory=list)
     daemons: dict[str, Proc] = field(default_factory=dict)
 
@@ -253,13 +386,24 @@ class Host:
     def pct_dir(self) -> Path:
         return self.dir / "pct"
 
-    def enter(self, cgroup: bool = True) -> list[str]:
-        """Prefix that runs a command inside this host (PID, mount and network namespaces)."""
+    @property
+    def lxc_dir(self) -> Path:
+        """A container's ``/var/lib/lxc/<vmid>`` (its config, disk and log), as seen from here."""
+        assert self.node is not None and self.vmid is not None
+        return self.node.dir / "lxc" / str(self.vmid)
+
+    @property
+    def rootfs(self) -> Path:
+        return self.lxc_dir / "rootfs"
+
+    def enter(self) -> list[str]:
+        """Prefix that runs a command inside this host: a node's namespaces (nsenter), a container through
+        ``lxc-attach --clear-env`` on its node (the command gets the container's environment only)."""
+        if self.kind == "lxc":
+            assert self.node is not None
+            return [*self.node.enter(), "lxc-attach", "-n", str(self.vmid), "--clear-env", "--"]
         assert self.init is not None and self.init.alive(), f"{self.name} is not running"
-        prefix = ["nsenter", "-t", str(self.init.pid), "-p", "-m", "-n", "--"]
-        if cgroup and self.cgroup is not None:
-            prefix += ["/bin/sh", "-c", CGROUP_JOIN, str(self.cgroup / "cgroup.procs")]
-        return prefix
+        return ["nsenter", "-t", str(self.init.pid), "-p", "-m", "-n", "-u", "--"]
 
     def running(self) -> bool:
         return self.init is not None and self.init.alive()
@@ -323,6 +467,25 @@ def target_python() -> str:
     return str(py)
 
 
+def python_binds(python: str) -> list[tuple[str, str, bool]]:
+    """What a container needs of this machine to run ``python``: its virtual environment and the
+    installation the environment is made from, each bound read-only at its own path (``/usr`` is
+    the container's already)."""
+    exe = Path(python)
+    binds: list[tuple[str, str, bool]] = []
+    venv = exe.parent.parent
+    cfg = venv / "pyvenv.cfg"
+    if cfg.exists():
+        binds.append((str(venv), str(venv), True))
+        home = next((line.split("=", 1)[1].strip() for line in cfg.read_text().splitlines() if line.split("=")[0].strip() == "home"), "")
+        prefix = Path(home).parent if home else Path(os.path.realpath(exe)).parent.parent
+    else:
+        prefix = Path(os.path.realpath(exe)).parent.parent
+    if not str(prefix).startswith("/usr"):
+        binds.append((str(prefix), str(prefix), True))
+    return binds
+
+
 class PackageIndex:
     """A PEP 503 "simple" package index over HTTP on the controller's lab address, serving the wheels of
     .build/wheels: the mirror a Proxmox VE node's pip configuration (index-url) points at. pip reads the
@@ -358,11 +521,14 @@ class PackageIndex:
 class Lab:
     """The lab: build(), reset() (a fresh workload on every host), playbook(); teardown()."""
 
-    def __init__(self) -> None:
-        self.cluster = load_cluster(CLUSTER_FILE)
+    def __init__(self, cluster: Path | dict[str, Any] = CLUSTER_FILE) -> None:
+        """``cluster``: the description to build (a path, or a loaded dict: a smaller lab for a test)."""
+        self.cluster = cluster if isinstance(cluster, dict) else load_cluster(cluster)
         meta = self.cluster.get("meta", {})
         self.subnet_prefix = int(str(meta.get("subnet", "10.77.0.0/24")).split("/")[1])
         self.controller_ip = str(meta.get("controller", "10.77.0.1"))
+        #: This run's name: its cgroups are gpuops-lab-<run_id>/..., its lock <run_id>.lock.
+        self.run_id = uuid.uuid4().hex[:12]
         self.workdir: Path | None = None
         self.hosts: dict[str, Host] = {}
         self.sim: PveSim | None = None
@@ -370,11 +536,12 @@ class Lab:
         self.inventory: Path | None = None
         self.target_python = VENV_PYTHON
         self.index: PackageIndex | None = None
+        #: Timings of the build (seconds): "build", and "container <name>" for each container start.
+        self.timings: dict[str, float] = {}
         self._lock_fd = -1
         self._orig_netns = -1
         self._netns_mounted = False
         self._netns: list[str] = []
-        self._cgroups: list[Path] = []
         self._torn_down = False
 
     # ------------------------------------------------------------------ views
@@ -389,15 +556,38 @@ class Lab:
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
 
+    @property
+    def run_name(self) -> str:
+        return RUN_PREFIX + self.run_id
+
+    @property
+    def cluster_dir(self) -> Path:
+        """The cluster file system (``/etc/pve`` of every node; ``nodes/`` is shared as pmxcfs shares it)."""
+        assert self.workdir is not None
+        return self.workdir / "pve"
+
+    def conf_path(self, host: Host) -> Path:
+        """``/etc/pve/nodes/<node>/lxc/<vmid>.conf`` of a container, as seen from here."""
+        assert host.node is not None
+        return self.cluster_dir / "nodes" / host.node.name / "lxc" / f"{host.vmid}.conf"
+
+    @property
+    def default_limit(self) -> str | None:
+        """The --limit of a playbook run that names none: the hosts whose scenarios are the lab's common
+        ones (the seeds' node and container, and the container without nvidia-uvm, take part in their own)."""
+        left_out = [h.name for h in self.hosts.values() if not h.default_run]
+        return ":".join(["all", *(f"!{n}" for n in left_out)]) if left_out else None
+
     # ------------------------------------------------------------------ build
     def build(self) -> Lab:
+        started = time.monotonic()
         if os.geteuid() != 0:
-            raise LabError("the lab needs root (network namespaces, sshd, cgroups)")
+            raise LabError("the lab needs root (network namespaces, sshd, LXC, cgroups)")
         if not in_private_pidns() or os.environ.get("GPUOPS_PIDNS") != "1":
             raise LabError("the lab runs only inside tools/pidns-run (make lab)")
-        tools = ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "setsid", "mount")
+        tools = ("ip", "nsenter", "unshare", "ssh", "ssh-keygen", "setsid", "mount", *LXC_TOOLS)
         if not os.path.exists(SSHD) or not all(shutil.which(tool) for tool in tools):
-            # openssh-server, openssh-client, iproute2: installed when missing (Debian, root).
+            # openssh-server, openssh-client, iproute2, lxc: installed when missing (Debian, root).
             subprocess.run([str(ROOT / "tools" / "install-system-deps")], check=False)
         for tool in tools:
             if not shutil.which(tool):
@@ -409,9 +599,13 @@ class Lab:
         self._take_lock()
         try:
             self.target_python = target_python()  # may need PyPI: before leaving the host's network
-            self._remove_stale()
+            remove_stale_runs()
+            for old in glob.glob(os.path.join(tempfile.gettempdir(), TMP_PREFIX + "*")):
+                shutil.rmtree(old, ignore_errors=True)
             self.workdir = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
-            for sub in ("ssh", "cp", "inventory/host_vars", "inventory/group_vars", "bin", "hosts", "reports"):
+            # Traversable by an unprivileged container's root (uid 100000): its hooks read /var/lib/lxc.
+            self.workdir.chmod(0o755)
+            for sub in ("ssh", "cp", "inventory/host_vars", "inventory/group_vars", "bin", "hosts", "reports", "pve/nodes"):
                 (self.workdir / sub).mkdir(parents=True, exist_ok=True)
             self._daemon_binaries()
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
@@ -431,45 +625,23 @@ class Lab:
         except BaseException:
             self.teardown()
             raise
+        self.timings["build"] = time.monotonic() - started
         return self
 
     def _take_lock(self) -> None:
-        """One lab at a time on this machine (they share cgroup paths and the lab's names)."""
-        LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        deadline = time.monotonic() + 900
+        """This run's lock: held while the run lives, so that no other lab removes its cgroups."""
+        LOCK_DIR.mkdir(parents=True, exist_ok=True)
+        path = LOCK_DIR / f"{self.run_id}.lock"
         while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise LabError(f"another lab holds {LOCK_FILE}") from None
-                time.sleep(0.5)
-
-    def _remove_stale(self) -> None:
-        """What a crashed run can leave behind, removed by name. (Processes and network
-        namespaces die with the pidns-run that held them; named namespace files, a bridge in
-        this network namespace, empty cgroups and temp dirs may stay.)"""
-        names = [CONTROLLER_NS, *(n["name"] for n in self.cluster["nodes"]), *(f"ct{g['vmid']}" for g in self.cluster["guests"])]
-        for name in names:
-            if (NETNS_DIR / name).exists():
-                sh("ip", "netns", "delete", name, check=False)
-                try:
-                    (NETNS_DIR / name).unlink()
-                except OSError:
-                    pass
-        if Path(f"/sys/class/net/{BRIDGE}").exists():
-            sh("ip", "link", "delete", BRIDGE, check=False)
-        base = cgroup2_base()
-        if base is not None:
-            for g in self.cluster["guests"]:
-                try:
-                    (base / "lxc" / str(g["vmid"])).rmdir()
-                except OSError:
-                    pass
-        for old in glob.glob(os.path.join(tempfile.gettempdir(), TMP_PREFIX + "*")):
-            shutil.rmtree(old, ignore_errors=True)
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    self._lock_fd = fd
+                    return
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # a stale-run sweep unlinked it between our open and our lock: again
 
     def _daemon_binaries(self) -> None:
         """The protected daemons are copies of gpusim-worker under their exact names, so exe,
@@ -498,6 +670,8 @@ class Lab:
             os.close(fd)
 
     def _add_netns(self, name: str, address: str | None = None) -> None:
+        """A node's network namespace: ``eth0`` (a veth to the lab bridge) as a port of its ``vmbr0``,
+        which carries the node's address, as on a Proxmox VE node; its containers' veths join ``vmbr0``."""
         sh("ip", "netns", "add", name)
         self._netns.append(name)
         sh("ip", "-n", name, "link", "set", "lo", "up")
@@ -506,8 +680,10 @@ class Lab:
         veth = f"v{name}"[:15]
         sh("ip", "-n", CONTROLLER_NS, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
         sh("ip", "-n", CONTROLLER_NS, "link", "set", veth, "master", BRIDGE, "up")
-        sh("ip", "-n", name, "addr", "add", f"{address}/{self.subnet_prefix}", "dev", "eth0")
-        sh("ip", "-n", name, "link", "set", "eth0", "up")
+        sh("ip", "-n", name, "link", "add", NODE_BRIDGE, "type", "bridge")
+        sh("ip", "-n", name, "link", "set", "eth0", "master", NODE_BRIDGE, "up")
+        sh("ip", "-n", name, "addr", "add", f"{address}/{self.subnet_prefix}", "dev", NODE_BRIDGE)
+        sh("ip", "-n", name, "link", "set", NODE_BRIDGE, "up")
         sh("ip", "-n", name, "route", "add", "default", "via", self.controller_ip)
 
     def _describe_hosts(self) -> None:
@@ -525,14 +701,15 @@ class Lab:
                 address=n["ip"],
                 netns=n["name"],
                 python=SYSTEM_PYTHON,
+                has_workload=bool(meta["own_gpus"]),
+                default_run=bool(meta.get("default_run", True)),
             )
         for g in self.cluster["guests"]:
             meta = g.get("meta", {})
             name = g.get("name") or f"ct{g['vmid']}"
             d = self.workdir / "hosts" / name
             d.mkdir(parents=True)
-            conf = {k: v for k, v in parse_conf(g.get("conf", ""), "lxc").items() if k not in ("digest", "description")}
-            self.hosts[name] = Host(
+            host = Host(
                 name=name,
                 kind="lxc",
                 depth=2,
@@ -542,54 +719,71 @@ class Lab:
                 vmid=int(g["vmid"]),
                 node=self.hosts[g["node"]],
                 reach=meta.get("reach", "hypervisor"),
-                netns=name if meta.get("reach") == "ssh" else None,
                 python=self.target_python if meta.get("reach") == "ssh" else VENV_PYTHON,
-                conf=conf,
+                has_workload=bool(meta.get("workload", True)),
+                default_run=bool(meta.get("default_run", True)),
             )
+            self.hosts[name] = host
+            # The container's configuration on the cluster file system: what pct, the hooks and the API read.
+            path = self.conf_path(host)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            (path.parent.parent / "qemu-server").mkdir(exist_ok=True)
+            path.write_text(g["conf"])
+            host.conf = {k: v for k, v in pvenode.read_conf(path).items() if k not in ("digest", "description")}
+            host.unprivileged = pvenode.unprivileged(host.conf)
         for n in self.cluster["nodes"]:
             host = self.hosts[n["name"]]
+            (self.cluster_dir / "nodes" / host.name / "lxc").mkdir(parents=True, exist_ok=True)
+            (self.cluster_dir / "nodes" / host.name / "qemu-server").mkdir(exist_ok=True)
             taken = {g for c in self.containers if c.node is host for g in c.gpus}
             if taken & set(host.gpus):
                 raise LabError(f"{host.name}: its own GPUs {host.gpus} overlap its containers' {sorted(taken)}")
 
-    # ------------------------------------------------------------------ hosts
-    def _start_init(self, host: Host, prefix: list[str], unshare_net: bool) -> None:
-        """pid 1 of a new PID namespace (own /proc) made from inside ``prefix``."""
+    # ------------------------------------------------------------------ nodes
+    def _start_node(self, host: Host) -> None:
+        """The hypervisor: its gpusim node, network, cgroups, and its first process (node_init.py, which
+        becomes the reaping init once the node's mounts are made), then its sshd and protected daemons."""
+        assert self.workdir is not None
+        gpus = next(int(n.get("meta", {}).get("gpus", 8)) for n in self.cluster["nodes"] if n["name"] == host.name)
+        (host.dir / "gpusim").mkdir(mode=0o755)
+        host.sim = Node(path=host.dir / "gpusim", gpus=gpus).start()
+        self._add_netns(host.name, host.address)
+        host.cgroup_procs = [make_cgroup(base, f"{self.run_name}/{host.name}") / "cgroup.procs" for base in cgroup_bases()]
+        for sub in ("lxc", "etc-upper", "etc-work", "sbin", "scratch", "pct"):
+            (host.dir / sub).mkdir()
+        (host.dir / "sbin" / "pct").symlink_to(PCT)
+        (host.pct_dir / "latency_ms").write_text(f"{PCT_LATENCY_MS}\n")
         ours, theirs = ready_pair()
-        argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
-        if unshare_net:
-            argv.append("--net")
-        argv += [sys.executable, "-I", "-S", str(PID1), str(theirs.fileno())]
-        env = {"PATH": STD_PATH}
-        if host.kind == "lxc":
-            env["container"] = "lxc"  # what an LXC guest's /proc/1/environ says
+        cfg = {
+            "hostname": host.name,
+            "cgroup_procs": [str(p) for p in host.cgroup_procs],
+            "dev_dir": str(host.sim.dev_dir),
+            "scratch": str(host.dir / "scratch"),
+            "lxc_dir": str(host.dir / "lxc"),
+            "etc_upper": str(host.dir / "etc-upper"),
+            "etc_work": str(host.dir / "etc-work"),
+            "cluster_nodes": str(self.cluster_dir / "nodes"),
+            "sbin_dir": str(host.dir / "sbin"),
+            "sbinit": str(PID1),
+            "ready_fd": theirs.fileno(),
+        }
+        argv = ["nsenter", f"--net={NETNS_DIR / host.name}", "--", "unshare", "--pid", "--fork", "--mount-proc", "--uts", "--kill-child"]
+        argv += [sys.executable, "-I", str(NODE_INIT), json.dumps(cfg)]
         with open(host.dir / "init.log", "ab") as log:
             host.init_popen = subprocess.Popen(
-                [*prefix, *argv], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
+                argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env={"PATH": STD_PATH}, start_new_session=True
             )
         theirs.close()
-        _line, pid = recv_ready(ours, 10, f"{host.name} init")
+        try:
+            _line, pid = recv_ready(ours, 20, f"{host.name} init")
+        except LabError as exc:
+            raise LabError(f"{exc}: {(host.dir / 'init.log').read_text(errors='replace')[-2000:]}") from None
         host.init = Proc(f"{host.name}-init", host.name, "init", pid)
         if host.init.levels[-1] != 1 or len(host.init.levels) != host.depth + 1:
             raise LabError(f"{host.name}: init has NSpid {host.init.levels}, expected depth {host.depth}")
-
-    def _start_node(self, host: Host) -> None:
-        assert self.workdir is not None
-        gpus = next(int(n.get("meta", {}).get("gpus", 8)) for n in self.cluster["nodes"] if n["name"] == host.name)
-        host.sim = Node(path=host.dir / "gpusim", gpus=gpus).start()
-        self._add_netns(host.name, host.address)
-        self._start_init(host, ["nsenter", f"--net={NETNS_DIR / host.name}", "--"], unshare_net=False)
-        host.pct_dir.mkdir()
-        (host.pct_dir / "node").write_text(host.name + "\n")
-        # /usr/sbin/pct, in this node's mount namespace only (unshare made it private): a read-only overlay
-        # of a directory holding the fake pct over this machine's /usr/sbin.
-        (host.dir / "sbin").mkdir()
-        (host.dir / "sbin" / "pct").symlink_to(FAKE_PCT)
-        assert host.init is not None
-        overlay = f"lowerdir={host.dir / 'sbin'}:/usr/sbin"
-        sh("nsenter", "-t", host.init.pid, "-m", "--", "mount", "-t", "overlay", "-o", overlay, "gpuops-lab-sbin", "/usr/sbin")
         env = {
             "GPUSIM_STATE": str(host.sim.state_dir),
+            "GPUSIM_DEV_DIR": "/dev",
             "LD_LIBRARY_PATH": str(LIB_DIR),
             "PCTSIM_DIR": str(host.pct_dir),
             "PATH": f"{BIN_DIR}:{STD_PATH}",
@@ -605,76 +799,154 @@ class Lab:
         for name in DAEMONS:
             host.daemons[name] = self._spawn_daemon(host, name)
 
+    def _node_run(
+        self, node: Host, argv: list[str], in_node_cgroup: bool = False, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on ``node`` (its namespaces); ``in_node_cgroup``: in its cgroups too (lxc-start,
+        whose container cgroups nest under its own: lxc.cgroup.relative)."""
+
+        def join() -> None:
+            for procs in node.cgroup_procs:
+                with open(procs, "w", encoding="ascii") as fh:
+                    fh.write(f"{os.getpid()}\n")
+
+        return subprocess.run(
+            [*node.enter(), *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={"PATH": STD_PATH, **(env or {})},
+            preexec_fn=join if in_node_cgroup else None,
+        )
+
+    def pct(self, node: Host, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """``pct`` on ``node`` (the real one's second per call unless ``env`` sets PCTSIM_LATENCY_MS)."""
+        return self._node_run(node, ["pct", *args], env=env)
+
+    # ------------------------------------------------------------------ containers
+    def _container_env(self, host: Host) -> dict[str, str]:
+        """The simulated driver's address for everything in the container (its ``lxc.environment``)."""
+        return {"GPUSIM_STATE": str(host.gpu_sim.state_dir), "GPUSIM_DEV_DIR": "/dev"}
+
+    def _make_image(self, host: Host) -> None:
+        """The container's disk (tests/lab/pvenode.py): its own /etc and init, this machine's /usr under
+        an overlay with the simulated driver's library and nvidia-smi where NVIDIA's hook puts them, the job
+        binaries, its Python bound in, the simulated driver's state directory bound in."""
+        sim = host.gpu_sim
+        files = {
+            "bin/nvidia-smi": BIN_DIR / "nvidia-smi",
+            f"{pvenode.LIB_DIR}/libnvidia-ml.so.1": LIB_DIR / "libnvidia-ml.so.1",
+            CONTAINER_WORKER[len("/usr/") :]: WORKER,
+            CONTAINER_RESIDUE_JOB[len("/usr/") :]: RESIDUE_JOB,
+        }
+        for name in CONTAINER_DAEMONS:
+            files[f"bin/{name}"] = WORKER
+        binds = [*python_binds(host.python), (str(sim.state_dir), str(sim.state_dir), False)]
+        pvenode.make_image(host.lxc_dir, int(host.vmid or 0), host.name, host.unprivileged, files, binds, sim.desc.driver_version)
+
     def _start_container(self, host: Host) -> None:
-        assert host.node is not None and host.vmid is not None
-        if host.netns and host.netns not in self._netns:
-            self._add_netns(host.netns, host.address)
+        """``pct start`` as pve-container does it: the LXC config written anew from the PVE one, then
+        ``lxc-start -n <vmid>`` on the node; the init's pid from ``lxc-info``."""
+        assert host.node is not None and host.vmid is not None and host.node.init is not None
+        started = time.monotonic()
         node = host.node
-        prefix = ["nsenter", "-t", str(node.init.pid), "-p", "-m"]  # type: ignore[union-attr]
-        if host.netns:
-            prefix.append(f"--net={NETNS_DIR / host.netns}")
-        prefix.append("--")
-        base = cgroup2_base()
-        if base is not None:
-            host.cgroup = base / "lxc" / str(host.vmid)
-            host.cgroup.mkdir(parents=True, exist_ok=True)
-            if host.cgroup not in self._cgroups:
-                self._cgroups.append(host.cgroup)
-            prefix += ["/bin/sh", "-c", CGROUP_JOIN, str(host.cgroup / "cgroup.procs")]
-        self._start_init(host, prefix, unshare_net=host.netns is None)
-        self._register_pct(host, "running")
+        conf = pvenode.read_conf(self.conf_path(host))
+        host.conf = {k: v for k, v in conf.items() if k not in ("digest", "description")}
+        host.unprivileged = pvenode.unprivileged(conf)
+        if not host.rootfs.exists():
+            host.lxc_dir.mkdir(parents=True, exist_ok=True)
+            self._make_image(host)
+        text = pvenode.lxc_config(host.vmid, conf, f"/proc/{node.init.pid}/root", self._container_env(host))
+        (host.lxc_dir / "config").write_text(text)
+        log = f"/var/lib/lxc/{host.vmid}/lxc.log"
+        proc = self._node_run(node, ["lxc-start", "-n", str(host.vmid), "-d", "-o", log, "-l", "ERROR"], in_node_cgroup=True)
+        if proc.returncode != 0:
+            tail = (host.lxc_dir / "lxc.log").read_text(errors="replace")[-3000:] if (host.lxc_dir / "lxc.log").exists() else ""
+            raise LabError(f"{host.name}: lxc-start failed (rc {proc.returncode}): {proc.stderr.strip()}\n{tail}")
+        info = self._node_run(node, ["lxc-info", "-n", str(host.vmid), "-p", "-H"])
+        if info.returncode != 0 or not info.stdout.strip().isdigit():
+            raise LabError(f"{host.name}: lxc-info: {info.stdout}{info.stderr}")
+        pid = find_below(pidns_inode(node.init.pid), int(info.stdout))
+        if pid is None:
+            raise LabError(f"{host.name}: init {info.stdout.strip()} not found")
+        host.init = Proc(f"{host.name}-init", host.name, "init", pid)
+        if host.init.levels[-1] != 1 or len(host.init.levels) != host.depth + 1:
+            raise LabError(f"{host.name}: init has NSpid {host.init.levels}, expected depth {host.depth}")
         if host.reach == "ssh":
-            sim = host.gpu_sim
-            env = {
-                "GPUSIM_STATE": str(sim.state_dir),
-                "LD_LIBRARY_PATH": str(LIB_DIR),
-                "PATH": f"{BIN_DIR}:{STD_PATH}",
-                "container": "lxc",
-            }
-            self._start_sshd(host, env)
+            self._start_sshd(host, {**self._container_env(host), "PATH": STD_PATH, "container": "lxc"})
         for name in CONTAINER_DAEMONS:
             host.daemons[name] = self._spawn_daemon(host, name)
+        self.timings[f"container {host.name}"] = time.monotonic() - started
 
-    def _register_pct(self, host: Host, status: str) -> None:
-        """The container in its hypervisor's pct registry; ``pid`` is the init's pid as the
-        hypervisor sees it (where pct runs)."""
+    def lxc_running(self, host: Host) -> bool:
+        """pct's running check, from here: LXC's command socket of the container in its node's
+        network namespace (PVE::LXC::list_active_containers)."""
         assert host.node is not None
-        running = status == "running" and host.running()
-        doc = {
-            "vmid": host.vmid,
-            "status": "running" if running else "stopped",
-            "pid": host.init.pid_at(host.node.depth) if running and host.init else None,
-            "node": host.node.name,
-            "hostname": host.name,
-            "config": host.conf,
-        }
-        path = host.node.pct_dir / f"{host.vmid}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(doc) + "\n")
-        os.replace(tmp, path)
+        if not host.node.running():
+            return False
+        try:
+            with open(f"/proc/{host.node.init.pid}/net/unix", encoding="utf-8", errors="replace") as fh:  # type: ignore[union-attr]
+                return any(line.rstrip().endswith(f" @/var/lib/lxc/{host.vmid}/command") for line in fh)
+        except OSError:
+            return False
+
+    def lxc(self, host: Host, *argv: str) -> subprocess.CompletedProcess[str]:
+        """An LXC tool on the container's node, about the container: ``lab.lxc(ct, "lxc-info")``."""
+        assert host.node is not None
+        return self._node_run(host.node, [argv[0], "-n", str(host.vmid), *argv[1:]])
+
+    def interfaces(self, host: Host) -> list[dict[str, Any]]:
+        """The container's network interfaces as the API's ``/interfaces`` reports them (name, hwaddr,
+        inet, inet6), read from its network namespace."""
+        if not host.running():
+            return []
+        assert host.init is not None
+        proc = sh("nsenter", "-t", host.init.pid, "-n", "ip", "-j", "addr", "show")
+        out = []
+        for link in json.loads(proc.stdout or "[]"):
+            row: dict[str, Any] = {"name": link["ifname"], "hwaddr": link.get("address", "00:00:00:00:00:00")}
+            for family, key in (("inet", "inet"), ("inet6", "inet6")):
+                addrs = [a for a in link.get("addr_info", []) if a.get("family") == family]
+                if addrs:
+                    row[key] = f"{addrs[0]['local']}/{addrs[0]['prefixlen']}"
+            out.append(row)
+        return out
 
     # ------------------------------------------------------------------ sshd
     def _sshd_config(self, host: Host, env: dict[str, str]) -> Path:
+        """sshd's files: a node's in its directory of the run (it sees this machine's file system), a
+        container's in its own /etc/ssh and /root/.ssh. Returns the config's path as the host sees it."""
         assert self.workdir is not None
-        # Each host has its own root home, as separate machines do: sessions read none of this
-        # machine's shell start-up files (bash sources ~/.bashrc for SSH commands).
-        home = host.dir / "root"
-        home.mkdir(mode=0o700, exist_ok=True)
-        env = {"HOME": str(home), **env}
-        key = host.dir / "ssh_host_ed25519_key"
+        inside = host.kind == "lxc"
+        root = host.rootfs if inside else None
+
+        def path(rel_inside: str, rel_dir: str) -> tuple[Path, str]:
+            if root is not None:
+                return root / rel_inside.lstrip("/"), rel_inside
+            return host.dir / rel_dir, str(host.dir / rel_dir)
+
+        if root is None:
+            # Each node has its own root home, as separate machines do: sessions read none of this
+            # machine's shell start-up files (bash sources ~/.bashrc for SSH commands).
+            home = host.dir / "root"
+            home.mkdir(mode=0o700, exist_ok=True)
+            env = {"HOME": str(home), **env}
+        key, key_at = path("/etc/ssh/ssh_host_ed25519_key", "ssh_host_ed25519_key")
         if not key.exists():
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{host.name}-host", "-f", key)
-        auth = host.dir / "authorized_keys"
+        auth, auth_at = path("/root/.ssh/authorized_keys", "authorized_keys")
         shutil.copy(self.workdir / "ssh" / "id_ed25519.pub", auth)
-        conf = host.dir / "sshd_config"
+        _pid, pid_at = path("/run/sshd.pid", "sshd.pid")
+        conf, _conf_at = path("/etc/ssh/sshd_config", "sshd_config")
         conf.write_text(
             "\n".join(
                 [
                     f"# sshd of lab host {host.name} (written by tests/lab/builder.py)",
                     f"ListenAddress {host.address}:22",
-                    f"HostKey {key}",
-                    f"PidFile {host.dir / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {auth}",
+                    f"HostKey {key_at}",
+                    f"PidFile {pid_at}",
+                    f"AuthorizedKeysFile {auth_at}",
                     "PermitRootLogin prohibit-password",
                     "PubkeyAuthentication yes",
                     "PasswordAuthentication no",
@@ -692,33 +964,40 @@ class Lab:
                 ]
             )
         )
+        if inside and host.unprivileged:
+            for p in (key, key.with_name(key.name + ".pub"), auth, conf):
+                os.chown(p, pvenode.ID_BASE, pvenode.ID_BASE)
         return conf
 
     def _start_sshd(self, host: Host, env: dict[str, str] | None = None) -> None:
-        conf = host.dir / "sshd_config" if env is None else self._sshd_config(host, env)
-        pidfile = host.dir / "sshd.pid"
+        inside = host.kind == "lxc"
+        conf = (host.rootfs / "etc/ssh/sshd_config" if inside else host.dir / "sshd_config") if env is None else self._sshd_config(host, env)
+        pidfile = host.rootfs / "run/sshd.pid" if inside else host.dir / "sshd.pid"
+        log = host.rootfs / "var/log/sshd.log" if inside else host.dir / "sshd.log"
         try:
             pidfile.unlink()
         except FileNotFoundError:
             pass
-        with open(host.dir / "sshd.log", "ab") as log:  # never a pipe: sshd keeps its stdio
+        conf_at = "/etc/ssh/sshd_config" if inside else str(conf)
+        log_at = "/var/log/sshd.log" if inside else str(log)
+        with open(host.dir / "sshd.out", "ab") as out:  # never a pipe: sshd keeps its stdio
             rc = subprocess.run(
-                [*host.enter(), "setsid", "-f", SSHD, "-D", "-f", str(conf), "-E", str(host.dir / "sshd.log")],
+                [*host.enter(), "setsid", "-f", SSHD, "-D", "-f", conf_at, "-E", log_at],
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                stdout=out,
+                stderr=out,
                 env={"PATH": STD_PATH},
                 check=False,
             ).returncode
         if rc != 0:
-            raise LabError(f"{host.name}: starting sshd failed (rc {rc}): {(host.dir / 'sshd.log').read_text(errors='replace')[-2000:]}")
+            raise LabError(f"{host.name}: starting sshd failed (rc {rc}): {(host.dir / 'sshd.out').read_text(errors='replace')[-2000:]}")
         deadline = time.monotonic() + 10
         while True:
             text = pidfile.read_text().strip() if pidfile.exists() else ""
             if text.isdigit():
                 break
             if time.monotonic() > deadline:
-                raise LabError(f"{host.name}: sshd did not start: {(host.dir / 'sshd.log').read_text(errors='replace')[-2000:]}")
+                raise LabError(f"{host.name}: sshd did not start: {log.read_text(errors='replace')[-2000:] if log.exists() else ''}")
             time.sleep(0.01)
         assert host.init is not None
         outer = find_in_namespace(pidns_inode(host.init.pid), int(text))
@@ -767,15 +1046,18 @@ class Lab:
             self._start_sshd(host)
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, host: Host, argv: list[str], name: str, kind: str, gpus: list[int], executable: Path = WORKER, ignores_term: bool = False) -> list[Proc]:
+    def _spawn(
+        self, host: Host, argv: list[str], name: str, kind: str, gpus: list[int], executable: str | Path = WORKER, ignores_term: bool = False
+    ) -> list[Proc]:
         """Start a gpusim-worker inside ``host`` (detached: its parent is the host's init, as for a
-        job in a container); returns the worker, or for --fork-child the child that kept the GPU."""
+        job in a container); returns the worker, or for --fork-child the child that kept the GPU.
+        In a container it runs through ``lxc-attach --clear-env`` with the container's environment."""
         sim = host.gpu_sim
         ours, theirs = ready_pair()
+        if host.kind == "lxc" and executable == WORKER:
+            executable = CONTAINER_WORKER
         full = [str(executable), "--state", str(sim.state_dir), *argv, "--ready-fd", str(theirs.fileno())]
-        env = {"PATH": STD_PATH, "GPUSIM_STATE": str(sim.state_dir), "LD_LIBRARY_PATH": str(LIB_DIR)}
-        if host.kind == "lxc":
-            env["container"] = "lxc"
+        env = {"PATH": STD_PATH, "GPUSIM_STATE": str(sim.state_dir), "GPUSIM_DEV_DIR": "/dev", "LD_LIBRARY_PATH": str(LIB_DIR)}
         with open(host.dir / "workers.log", "ab") as log:
             popen = subprocess.Popen(
                 [*host.enter(), "setsid", "-f", *full], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
@@ -797,8 +1079,7 @@ class Lab:
         pid = sender or find_in_namespace(ns, int(words[1]))
         if not pid:
             raise LabError(f"{host.name}: {name} ({line}) not found")
-        procs = [Proc(name, host.name, kind, pid, gpus=gpus, ignores_term=ignores_term)]
-        return procs
+        return [Proc(name, host.name, kind, pid, gpus=gpus, ignores_term=ignores_term)]
 
     def _spawn_daemon(self, host: Host, name: str) -> Proc:
         assert self.workdir is not None
@@ -807,11 +1088,13 @@ class Lab:
         if host.kind == "lxc":
             for g in host.gpus:
                 argv += ["--gpu", str(g)]
-        return self._spawn(host, argv, name, "daemon", gpus, executable=self.workdir / "bin" / name)[0]
+        executable = f"/usr/bin/{name}" if host.kind == "lxc" else self.workdir / "bin" / name
+        return self._spawn(host, argv, name, "daemon", gpus, executable=executable)[0]
 
-    def spawn_workload(self, host: Host) -> list[Proc]:
+    def spawn_job(self, host: Host, plan: list[dict[str, Any]]) -> list[Proc]:
+        """Start the workers of ``plan`` (see :func:`workload_plan`) inside ``host``; the live ones."""
         procs: list[Proc] = []
-        for w in workload_plan(host.gpus):
+        for w in plan:
             argv = ["--mib", str(w["mib"]), "--title", w["title"]]
             for g in w["gpus"]:
                 argv += ["--gpu", str(g)]
@@ -820,8 +1103,29 @@ class Lab:
             if w.get("fork_child"):
                 argv.append("--fork-child")
             procs += self._spawn(host, argv, w["title"], "worker", w["gpus"], ignores_term=bool(w.get("ignore_term")))
-        host.workload = [p for p in procs if p.alive()]
+        return [p for p in procs if p.alive()]
+
+    def spawn_workload(self, host: Host) -> list[Proc]:
+        host.workload = self.spawn_job(host, workload_plan(host.gpus)) if host.has_workload else []
         return host.workload
+
+    def spawn_residue_job(self, host: Host) -> tuple[Proc, dict[str, Any]]:
+        """A dead-job-to-be inside a container (gpusim's ``_residue_job.py job``, run by the container's
+        Debian python3): the shared memory, semaphores, ZMQ-style sockets and lock files a crashed
+        server leaves, in the container's own /dev/shm and /tmp. Returns the process and what it made."""
+        assert host.kind == "lxc" and host.init is not None
+        argv = [*host.enter(), "/usr/bin/python3", "-I", CONTAINER_RESIDUE_JOB, "job", "--tmp", "/tmp", "--cache", "/root/.cache"]
+        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PATH": STD_PATH})
+        assert popen.stdout is not None
+        line = popen.stdout.readline().decode().strip()
+        if not line.startswith("ready "):
+            popen.kill()
+            raise LabError(f"{host.name}: residue job: {line} {popen.stderr.read().decode() if popen.stderr else ''}")
+        _word, ns_pid, payload = line.split(" ", 2)
+        pid = find_in_namespace(pidns_inode(host.init.pid), int(ns_pid))
+        if pid is None:
+            raise LabError(f"{host.name}: residue job {ns_pid} not found")
+        return Proc("residue job", host.name, "worker", pid), json.loads(payload)
 
     # ------------------------------------------------------------------ state between tests
     def reset(self) -> None:
@@ -847,28 +1151,21 @@ class Lab:
             host.workload = []
         for host in self.nodes:
             host.gpu_sim.wait_clean(timeout=10)
-        if self.sim is not None:
-            for g in self.cluster["guests"]:
-                self.sim.cluster.guests[int(g["vmid"])].status = g.get("status", "running")
         for host in self.hosts.values():
             self.spawn_workload(host)
 
     def stop_container(self, host: Host) -> None:
-        """Stop a container as Proxmox would: its init dies and the kernel ends everything in
-        it; pct and the API say stopped."""
+        """``pct stop``: ``lxc-stop -k`` on its node; its init dies and the kernel ends everything in it."""
         assert host.init is not None
         if host.sshd is not None:
             host.sshd.close()
             host.sshd = None
-        host.init.signal(signal.SIGKILL)
+        proc = self.lxc(host, "lxc-stop", "-k")
+        if proc.returncode != 0:
+            raise LabError(f"{host.name}: lxc-stop: {proc.stderr.strip()}")
         host.init.wait_gone(5)
-        if host.init_popen is not None:
-            host.init_popen.wait(10)
         for p in [*host.workload, *host.daemons.values()]:
             p.wait_gone(5)
-        self._register_pct(host, "stopped")
-        if self.sim is not None and host.vmid is not None:
-            self.sim.cluster.guests[host.vmid].status = "stopped"
         self.wait_free(host)
 
     def wait_free(self, host: Host, timeout: float = 10) -> None:
@@ -882,10 +1179,10 @@ class Lab:
     def start_container(self, host: Host) -> None:
         for p in [*host.workload, *host.daemons.values()]:
             p.close()
+        if host.init is not None:
+            host.init.close()
         host.workload, host.daemons = [], {}
         self._start_container(host)
-        if self.sim is not None and host.vmid is not None:
-            self.sim.cluster.guests[host.vmid].status = "running"
 
     def close_connections(self) -> None:
         """Close the controller's multiplexed SSH connections (ControlPersist masters)."""
@@ -900,7 +1197,23 @@ class Lab:
 
     # ------------------------------------------------------------------ API and inventory
     def _start_api(self) -> None:
-        self.sim = PveSim(self.cluster, tls=True, tokens={TOKEN_ID: self.token_secret}).start()
+        """pvesim serving lab.yml, with each container's configuration read from its file on the cluster
+        file system, its state from LXC and its interfaces from its network namespace, at every request."""
+        cluster = Cluster(self.cluster)
+        for host in self.containers:
+            cluster.guests[int(host.vmid or 0)].interfaces = lambda host=host: self.interfaces(host)  # type: ignore[misc]
+        self.sim = PveSim(cluster, tls=True, tokens={TOKEN_ID: self.token_secret}, refresh=self._refresh_api).start()
+
+    def _refresh_api(self, cluster: Cluster) -> None:
+        for host in self.containers:
+            g = cluster.guests[int(host.vmid or 0)]
+            text = self.conf_path(host).read_text()
+            if text != g.meta.get("_conf_text"):
+                cluster.set_conf(g.vmid, text)
+                g.meta["_conf_text"] = text
+            running = self.lxc_running(host) and host.running()
+            g.status = "running" if running else "stopped"
+            g.pid = host.init.pid_at(1) if running and host.init is not None else None
 
     def _write_inventory(self) -> None:
         """The inventory an operator would write: the plugin's source file (token from the
@@ -927,7 +1240,6 @@ class Lab:
             "clean_slate_verify_timeout: 10\n"
         )
         for host in self.hosts.values():
-            sim = host.gpu_sim
             lines = [
                 "---",
                 f"# {host.name}: {'Proxmox VE node' if host.kind == 'node' else f'LXC container {host.vmid} on {host.node.name}'}",  # type: ignore[union-attr]
@@ -947,10 +1259,6 @@ class Lab:
                 ]
                 if node.name != INDEX_NODE:
                     lines += [f"clean_slate_wheels_dir: {WHEELS}"]
-            lines += [
-                "# The simulated node's device files stand in for /dev.",
-                f"clean_slate_device_dir: {sim.dev_dir}",
-            ]
             if host.kind == "node":
                 others = sorted({g for c in self.containers if c.node is host for g in c.gpus})
                 lines += [f"# Its own GPUs; {others} are passed through to its containers, cleaned in their own scope.", f"clean_slate_gpus: {host.gpus}"]
@@ -971,18 +1279,21 @@ class Lab:
         }
 
     def playbook(self, playbook: str | Path | list[dict[str, Any]] = PLAYBOOK, **kw: Any) -> AnsibleRun:
-        """ansible-playbook against the lab inventory (the real playbook by default)."""
+        """ansible-playbook against the lab inventory (the real playbook by default); without ``limit``,
+        on the hosts of :attr:`default_limit`."""
         env = self.env()
         env.update(kw.pop("env", None) or {})
+        if kw.get("limit") is None:
+            kw["limit"] = self.default_limit
         return run_playbook(playbook, inventory=kw.pop("inventory", self.inventory), env=env, **kw)
 
     def pct_remote_inventory(self) -> Path:
-        """The lab inventory with ``pct_remote: no_address``: the containers without an address (ct102,
-        ct201) are reached through their node by community.proxmox's proxmox_pct_remote connection and clean
-        themselves, so their host_vars are those of a host of its own: the container's Python, with the
-        dependencies (as an image that has them; making a virtual environment inside the container through
-        pct_remote works too, but costs the lab some 30 s), and their GPUs named. The other hosts' host_vars
-        and the group_vars are the lab inventory's."""
+        """The lab inventory with ``pct_remote: no_address``: the containers without an address are reached
+        through their node by community.proxmox's proxmox_pct_remote connection and clean themselves, so
+        their host_vars are those of a host of its own: the container's Python, with the dependencies (as an
+        image that has them; making a virtual environment inside the container through pct_remote works
+        too, but costs the lab some 30 s), and their GPUs named. The other hosts' host_vars and the
+        group_vars are the lab inventory's."""
         assert self.workdir is not None and self.inventory is not None
         inv = self.workdir / "inventory-pct_remote"
         if not inv.exists():
@@ -999,7 +1310,6 @@ class Lab:
                             "---",
                             f"# {host.name}: LXC container {host.vmid}, through its node with proxmox_pct_remote; cleans itself.",
                             f"ansible_python_interpreter: {host.python}",
-                            f"clean_slate_device_dir: {host.gpu_sim.dev_dir}",
                             "# The simulated NVML shows a container every GPU of its node: name the passed-through ones.",
                             f"clean_slate_gpus: {host.gpus}",
                             "",
@@ -1051,7 +1361,9 @@ class Lab:
             attempt("API simulator", self.sim.stop)
         if self.index is not None:
             attempt("package index", self.index.stop)
-        for host in [*self.containers, *self.nodes]:  # containers first: they live inside their nodes
+        # A node's init takes everything in its PID namespace with it: sshd, sessions, LXC's monitors and
+        # the containers (their PID namespaces nest in the node's), whose mounts go with their namespaces.
+        for host in self.nodes:
             if host.init is not None:
                 host.init.signal(signal.SIGKILL)
                 host.init.wait_gone(5)
@@ -1069,13 +1381,8 @@ class Lab:
                     p.close()
             if host.sim is not None:
                 attempt(f"{host.name} gpusim", host.sim.stop)
-        for cg in self._cgroups:
-            attempt(f"cgroup {cg}", _rmdir_retry, cg)
-        if self._cgroups:
-            try:
-                self._cgroups[0].parent.rmdir()  # lxc/, unless something else uses it
-            except OSError:
-                pass
+        for base in cgroup_bases():
+            attempt(f"cgroups {base / self.run_name}", remove_cgroup_tree, base / self.run_name)
         for name in reversed(self._netns):
             attempt(f"netns {name}", sh, "ip", "netns", "delete", name)
         if self._orig_netns >= 0:
@@ -1087,21 +1394,8 @@ class Lab:
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if self._lock_fd >= 0:
+            (LOCK_DIR / f"{self.run_id}.lock").unlink(missing_ok=True)
             os.close(self._lock_fd)
             self._lock_fd = -1
         if errors:
             raise LabError("teardown: " + "; ".join(errors))
-
-
-def _rmdir_retry(path: Path) -> None:
-    deadline = time.monotonic() + 3
-    while True:
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)

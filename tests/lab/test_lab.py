@@ -1,12 +1,13 @@
 """The real playbook over real SSH against the multi-host lab (see docs/lab.md).
 
-Five GPU hosts from the Proxmox inventory plugin: pve1 and pve2 (hypervisors, 8 simulated
-GPUs each, with this machine's Debian 12 Python and none of the modules' dependencies until the
-role installs them into a virtual environment), ct101 (a container with its own sshd, Python 3.9),
-ct102 and ct201 (containers without network, cleaned from their hypervisor through pct and container
-scope, or, with the inventory's pct_remote, from inside through community.proxmox's
-proxmox_pct_remote connection). Every assertion reads real processes, the simulated driver's memory
-state or the results the modules sent back.
+Eight GPU hosts from the Proxmox inventory plugin: pve1, pve2 and pve3 (hypervisors, 8 simulated GPUs
+each, with this machine's Debian 12 Python and none of the modules' dependencies until the role installs
+them into a virtual environment) and five real LXC containers on them: ct101 (unprivileged, its own sshd,
+Python 3.9), ct102 (privileged, GPUs as raw lxc.mount.entry lines), ct201 (unprivileged, devN), cleaned
+from their hypervisor through pct and container scope or, with the inventory's pct_remote, from inside
+through community.proxmox's proxmox_pct_remote connection; ct103 (no nvidia-uvm) and ct129 with pve3 (the
+seeds' container, eight GPUs) take part in their own tests only. Every assertion reads real processes,
+LXC's own tools, the simulated driver's memory state or the results the modules sent back.
 """
 
 from __future__ import annotations
@@ -14,17 +15,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import typing as t
 from pathlib import Path
 
 import pytest
-from lab.builder import ROOT, SYSTEM_PYTHON, WHEELS, Host, Lab
+from lab.builder import CLUSTER_FILE, LOCK_DIR, ROOT, SYSTEM_PYTHON, WHEELS, Host, Lab, LabError, cgroup_bases, remove_stale_runs
+from pvesim import load_cluster
 from support.ansible import AnsibleRun
 
 pytestmark = pytest.mark.lab
 
+#: The hosts of the playbook runs that name no --limit (Lab.default_limit).
 GPU_HOSTS = {"pve1", "pve2", "ct101", "ct102", "ct201"}
+#: Every host of the inventory's gpu_nodes: the above, the seeds' node and container, the one without nvidia-uvm.
+INVENTORY_HOSTS = GPU_HOSTS | {"pve3", "ct129", "ct103"}
 
 
 # ---------------------------------------------------------------------- helpers
@@ -81,10 +88,15 @@ def system_python_has(module: str) -> bool:
     return subprocess.run([SYSTEM_PYTHON, "-c", f"import {module}"], capture_output=True, check=False).returncode == 0
 
 
+def nodes(lab: Lab) -> list[Host]:
+    """The hypervisors of the default runs (pve3's GPUs are all ct129's)."""
+    return [n for n in lab.nodes if n.name in GPU_HOSTS]
+
+
 def ready(lab: Lab) -> None:
     """The hypervisors' virtual environments exist (a test run alone may come before the one that made them)."""
-    if any(n.venv is None or not (n.venv / "bin" / "python").exists() for n in lab.nodes):
-        run = lab.playbook(limit=",".join(n.name for n in lab.nodes))
+    if any(n.venv is None or not (n.venv / "bin" / "python").exists() for n in nodes(lab)):
+        run = lab.playbook(limit=",".join(n.name for n in nodes(lab)))
         assert run.rc == 0, run.output
         lab.reset()
 
@@ -102,7 +114,7 @@ def test_inventory_from_the_api_describes_the_lab(lab: Lab) -> None:
     graph = lab.ansible_inventory("--graph", "gpu_nodes")
     assert graph.returncode == 0, graph.stderr
     members = {line.strip(" |-") for line in graph.stdout.splitlines()[1:]}
-    assert members == GPU_HOSTS, graph.stdout
+    assert members == INVENTORY_HOSTS, graph.stdout
     requests_before = lab.sim.request_count if lab.sim else 0
     listing = lab.ansible_inventory("--list")
     assert listing.returncode == 0, listing.stderr
@@ -113,7 +125,7 @@ def test_inventory_from_the_api_describes_the_lab(lab: Lab) -> None:
     def plain(v: t.Any) -> t.Any:
         return v["__ansible_unsafe"] if isinstance(v, dict) and set(v) == {"__ansible_unsafe"} else v
 
-    for name in GPU_HOSTS:
+    for name in INVENTORY_HOSTS:
         host, hv = lab[name], hostvars[name]
         if host.kind == "node":
             assert plain(hv["ansible_host"]) == host.address
@@ -128,6 +140,9 @@ def test_inventory_from_the_api_describes_the_lab(lab: Lab) -> None:
             assert plain(hv["proxmox_vmid"]) == host.vmid
             devices = {plain(d) for d in hv["proxmox_gpu_devices"]}
             assert {d for d in devices if d[len("/dev/nvidia") :].isdigit()} == {f"/dev/nvidia{g}" for g in host.gpus}
+            # The API served the container's file on the cluster file system, the one it was started from.
+            lines = [line for line in lab.conf_path(host).read_text().splitlines() if not line.startswith("#")]
+            assert ("/dev/nvidia-uvm" in devices) == any("/dev/nvidia-uvm" in line for line in lines), (name, devices)
 
 
 def test_pct_on_the_hypervisor_enters_the_container(fresh: Lab) -> None:
@@ -155,8 +170,10 @@ def test_pct_on_the_hypervisor_enters_the_container(fresh: Lab) -> None:
     assert inside["rc"] == 0, inside
     rows = [line.split(None, 1) for line in inside["stdout_lines"]]
     listed = {int(pid): args for pid, args in rows if not args.startswith("ps ")}
-    # Exactly the container's processes, with the pids of its own namespace (its init is 1).
-    assert "_sbinit.py" in listed.pop(1)
+    # Exactly the container's processes, with the pids of its own namespace: LXC's init is 1 (it names
+    # itself "init") with its one child, then the lab's daemon and job.
+    assert listed.pop(1) == "init"
+    assert [listed.pop(pid) for pid, args in list(listed.items()) if args == "/bin/sleep infinity"] == ["/bin/sleep infinity"]
     assert listed == {p.pid_at(2): p.name.replace(" (forked child)", "") for p in [*ct102.workload, *ct102.daemons.values()]}
     other = run.task("Other node", host="pve1")["result"]
     assert other["rc"] == 255
@@ -175,7 +192,7 @@ def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_n
     playbook runs in this file, so that the others find the environments made.)"""
     lab = fresh
     assert lab.index is not None
-    for node in lab.nodes:
+    for node in nodes(lab):
         assert node.venv is not None
         shutil.rmtree(node.venv, ignore_errors=True)
         Path(f"{node.venv}.lock").unlink(missing_ok=True)
@@ -185,9 +202,9 @@ def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_n
     first = lab.playbook()
     assert first.rc == 0, first.output
     assert all(stats(first)[name]["changed"] >= 1 for name in GPU_HOSTS), stats(first)
-    for node in lab.nodes:
+    for node in nodes(lab):
         assert node.venv is not None and node.address is not None
-        sharing = [node.name] + [c.name for c in lab.containers if c.node is node and c.reach == "hypervisor"]
+        sharing = [node.name] + [c.name for c in lab.containers if c.node is node and c.reach == "hypervisor" and c.name in GPU_HOSTS]
         for name in sharing:
             probe = json.loads(first.task("Clean the GPUs", host=name)["result"]["clean_slate"]["venv_probe"]["stdout"])
             assert (probe["python"], probe["venv"], probe["ensurepip"]) == (SYSTEM_PYTHON, "absent", True), probe
@@ -265,7 +282,7 @@ def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
         assert python["executable"] == modules_python(host) and python["missing"] == [], (name, python)
         if host.venv is None:
             assert python["version"].startswith("3.9."), python  # ct101: the oldest target Python
-    for node in lab.nodes:
+    for node in nodes(lab):
         assert [node.gpu_sim.memory(i)["used_mib"] for i in range(len(node.gpu_sim.gpus))] == [0] * len(node.gpu_sim.gpus)
     assert daemons_alive(lab) == daemons
     assert all(h.sshd is not None and h.sshd.alive() for h in lab.hosts.values() if h.reach == "ssh")
@@ -461,19 +478,239 @@ def test_bad_variables_fail_before_anything_runs(fresh: Lab, bad: dict[str, t.An
         assert (res["phase"], res["reason"]) == ("arguments", "bad_variable") and says in res["msg"], res
 
 
-def test_the_lab_is_its_own_world(lab: Lab) -> None:
-    """Sanity of the fixture itself: the hosts are separate PID and network namespaces, the
-    containers nest in their node's PID namespace and sit in lxc/<vmid>."""
+def lxc_info(lab: Lab, host: Host) -> dict[str, str]:
+    """``lxc-info -n <vmid>`` on the container's node, as a dict."""
+    proc = lab.lxc(host, "lxc-info")
+    assert proc.returncode == 0, proc.stderr
+    return {k.strip(): v.strip() for k, _sep, v in (line.partition(":") for line in proc.stdout.splitlines())}
 
-    inodes = {h.name: os.stat(f"/proc/{h.init.pid}/ns/pid").st_ino for h in lab.hosts.values() if h.init}
-    assert len(set(inodes.values())) == len(lab.hosts)
-    nets = {h.name: os.stat(f"/proc/{h.init.pid}/ns/net").st_ino for h in lab.hosts.values() if h.init}
-    assert len(set(nets.values())) == len(lab.hosts)  # ct102 and ct201 have an empty one of their own
-    assert os.stat("/proc/self/ns/net").st_ino not in nets.values()
+
+def status_field(pid: int, key: str) -> str:
+    return next(line.split(":", 1)[1].split() for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith(key + ":"))[0]
+
+
+def test_the_containers_are_real_lxc_containers_as_proxmox_makes_them(fresh: Lab) -> None:
+    """Each container is a real LXC container on its node: lxc-info says RUNNING with the init's pid as the
+    node sees it; its PID 1 is LXC's init.lxc, whose parent is lxc-start; an unprivileged one runs under PVE's
+    id map (root inside is uid 100000 on the node: its processes and the files it makes belong to 100000),
+    the privileged one under the identity map, and its device cgroup refuses a device it was not given; its
+    cgroup is lxc/<vmid>/ns under its node's of this run. Its /dev has exactly the GPUs of its Proxmox
+    configuration (devN through the pre-start and autodev hooks, raw lxc.mount.entry lines by LXC itself),
+    the node's own device files (same inode), and the simulated driver's library is where NVIDIA's hook puts
+    it. ct103, without nvidia-uvm: NVML answers inside it, a CUDA job cannot start. Hosts are separate PID,
+    network and UTS namespaces."""
+    lab = fresh
+    inits = {h.name: h.init for h in lab.hosts.values() if h.init}
+    assert len({os.stat(f"/proc/{p.pid}/ns/pid").st_ino for p in inits.values()}) == len(lab.hosts)
+    assert len({os.stat(f"/proc/{p.pid}/ns/net").st_ino for p in inits.values()}) == len(lab.hosts)
+    assert os.stat("/proc/self/ns/net").st_ino not in {os.stat(f"/proc/{p.pid}/ns/net").st_ino for p in inits.values()}
     for c in lab.containers:
-        assert c.init is not None and len(c.init.levels) == 3 and c.init.levels[-1] == 1
-        if c.cgroup is not None:
-            assert Path(f"/proc/{c.init.pid}/cgroup").read_text().strip().endswith(f"/lxc/{c.vmid}")
+        assert c.init is not None and c.node is not None and c.node.init is not None
+        info = lxc_info(lab, c)
+        assert (info["Name"], info["State"], info["PID"]) == (str(c.vmid), "RUNNING", str(c.init.pid_at(1))), (c.name, info)
+        assert len(c.init.levels) == 3 and c.init.levels[-1] == 1
+        assert os.readlink(f"/proc/{c.init.pid}/exe") == "/usr/sbin/init.lxc"
+        monitor = int(status_field(c.init.pid, "PPid"))
+        assert Path(f"/proc/{monitor}/comm").read_text().strip() == "lxc-start"
+        assert os.stat(f"/proc/{monitor}/ns/pid").st_ino == os.stat(f"/proc/{c.node.init.pid}/ns/pid").st_ino
+        uid_map = Path(f"/proc/{c.init.pid}/uid_map").read_text().split()
+        gid_map = Path(f"/proc/{c.init.pid}/gid_map").read_text().split()
+        root = "100000" if c.unprivileged else "0"
+        assert (uid_map, gid_map) == ((["0", "100000", "65536"],) * 2 if c.unprivileged else (["0", "0", "4294967295"],) * 2), c.name
+        assert status_field(c.init.pid, "Uid") == root and all(status_field(p.pid, "Uid") == root for p in c.workload), c.name
+        made = lab.lxc(c, "lxc-attach", "--clear-env", "--", "touch", "/root/made-inside")
+        assert made.returncode == 0, made.stderr
+        assert (c.rootfs / "root" / "made-inside").stat().st_uid == int(root), c.name
+        cgroups = Path(f"/proc/{c.init.pid}/cgroup").read_text().splitlines()
+        devices = next(line.split(":", 2)[2] for line in cgroups if line.split(":")[1] == "devices")
+        assert devices.endswith(f"/{lab.run_name}/{c.node.name}/lxc/{c.vmid}/ns"), devices
+        hostname = lab.lxc(c, "lxc-attach", "--clear-env", "--", "hostname").stdout.strip()
+        assert hostname == c.name
+        want = {f"nvidia{g}" for g in c.gpus} | {"nvidiactl"} | ({"nvidia-uvm"} if c.name != "ct103" else set())
+        dev = f"/proc/{c.init.pid}/root/dev"
+        assert {n for n in os.listdir(dev) if n.startswith("nvidia")} == want, c.name
+        for name in want:
+            inside, on_node = os.stat(f"{dev}/{name}"), os.stat(f"/proc/{c.node.init.pid}/root/dev/{name}")
+            assert (inside.st_dev, inside.st_ino) == (on_node.st_dev, on_node.st_ino), (c.name, name)
+        lib = f"/proc/{c.init.pid}/root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+        assert os.readlink(lib) == f"libnvidia-ml.so.{c.gpu_sim.desc.driver_version}" and os.path.isfile(lib)
+        assert {i["name"] for i in lab.interfaces(c)} == ({"lo", "eth0"} if c.address else {"lo"}), c.name
+    assert [i["inet"] for i in lab.interfaces(lab["ct101"]) if i["name"] == "eth0"] == ["10.77.0.101/24"]
+    # The privileged container's device cgroup: /dev/mem's numbers may be made (c *:* m), never opened.
+    mem = lab.lxc(lab["ct102"], "lxc-attach", "--clear-env", "--", "sh", "-c", "mknod /tmp/mem c 1 1 && head -c 1 /tmp/mem")
+    assert mem.returncode != 0 and "Operation not permitted" in mem.stderr, mem
+    # ct103 has no nvidia-uvm: the driver answers (NVML), but a CUDA job cannot start.
+    ct103 = lab["ct103"]
+    smi = lab.lxc(ct103, "lxc-attach", "--clear-env", "--", "nvidia-smi", "-L")
+    assert smi.returncode == 0 and "GPU 2: NVIDIA H200" in smi.stdout, smi
+    with pytest.raises(LabError, match="exited before it was ready"):
+        lab.spawn_job(ct103, [{"gpus": [2], "mib": 1000, "title": "sglang::scheduler_TP0"}])
+    assert "cannot open /dev/nvidiactl or nvidia-uvm" in (ct103.dir / "workers.log").read_text()
+    assert lab.used_mib(ct103) == {2: 0}
+
+
+def test_pct_follows_pve_containers_code_path(fresh: Lab) -> None:
+    """The node's pct over the real LXC tools, in PVE 8's and 9's words: status from LXC's command socket
+    and lxc-info, the config file of this node only, lxc-attach with PVE's environment (keep-env by default,
+    PATH as PVE's CLI handler sets it, SSL_CERT_FILE removed; --clear-env gives the container's own), argv
+    and exit codes unchanged, and the errors of a stopped container and a bad configuration line."""
+    lab = fresh
+    pve1, pve2, ct103, ct201 = lab["pve1"], lab["pve2"], lab["ct103"], lab["ct201"]
+    assert ct201.init is not None
+    fast = {"PCTSIM_LATENCY_MS": "0"}
+
+    def pct(node: Host, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return lab.pct(node, *args, env={**fast, **env})
+
+    assert pct(pve2, "status", "201").stdout == "status: running\n"
+    for pve, pressure in (("8", False), ("9", True)):
+        verbose = dict(line.split(": ", 1) for line in pct(pve2, "status", "201", "--verbose", PCTSIM_PVE=pve).stdout.splitlines())
+        assert (verbose["status"], verbose["pid"], verbose["name"], verbose["type"]) == ("running", str(ct201.init.pid_at(1)), "ct201", "lxc")
+        assert any(k.startswith("pressure") for k in verbose) == pressure, (pve, verbose)
+    kept = pct(pve2, "exec", "201", "--", "env", MARKER="kept", SSL_CERT_FILE="/etc/ssl/x.pem")
+    env = dict(line.split("=", 1) for line in kept.stdout.splitlines())
+    assert (env["MARKER"], env["PATH"], env["container"]) == ("kept", "/sbin:/bin:/usr/sbin:/usr/bin", "lxc") and "SSL_CERT_FILE" not in env, env
+    cleared = pct(pve2, "exec", "201", "--keep-env", "0", "--", "env", MARKER="kept")
+    env = dict(line.split("=", 1) for line in cleared.stdout.splitlines())
+    assert set(env) == {"container", "PATH", "TERM", "GPUSIM_STATE", "GPUSIM_DEV_DIR"}, env
+    old = pct(pve2, "exec", "201", "--keep-env", "0", "--", "true", PCTSIM_PVE="8.1")
+    assert (old.returncode, old.stderr) == (255, "Unknown option: keep-env\n400 unable to parse option\npct exec <vmid> [<extra-args>] [OPTIONS]\n")
+    argv = pct(pve2, "exec", "201", "--", "printf", "%s|", "a b", "$HOME", "*")
+    assert (argv.returncode, argv.stdout) == (0, "a b|$HOME|*|")
+    assert pct(pve2, "exec", "201", "--", "sh", "-c", "exit 7").returncode == 7
+    missing = pct(pve2, "exec", "201", "--", "no-such-command")
+    assert missing.returncode == 127 and 'Failed to exec "no-such-command"' in missing.stderr, missing
+    assert pct(pve1, "exec", "201", "--", "true").stderr == "Configuration file 'nodes/pve1/lxc/201.conf' does not exist\n"
+    config = pct(pve2, "config", "201").stdout.splitlines()
+    assert "dev0: /dev/nvidia4,gid=44" in config and "unprivileged: 1" in config and config == sorted(config), config
+    listed = pct(pve1, "list").stdout.splitlines()
+    assert listed[0].split() == ["VMID", "Status", "Lock", "Name"] and [r.split() for r in listed[1:]] == [
+        ["101", "running", "ct101"],
+        ["102", "running", "ct102"],
+        ["103", "running", "ct103"],
+    ]
+    # A line pct cannot read is warned about, as parse_pct_config does; the rest still counts.
+    conf = lab.conf_path(ct103)
+    text = conf.read_text()
+    try:
+        conf.write_text(text + "this is not a key\n")
+        warned = pct(pve1, "status", "103")
+        assert (warned.stdout, warned.stderr) == ("status: running\n", "vm 103 - unable to parse config: this is not a key\n")
+    finally:
+        conf.write_text(text)
+    lab.stop_container(ct103)
+    assert not lab.lxc_running(ct103)
+    assert pct(pve1, "status", "103").stdout == "status: stopped\n"
+    stopped = pct(pve1, "exec", "103", "--", "true")
+    assert (stopped.returncode, stopped.stderr) == (255, "container '103' not running!\n")
+    lab.start_container(ct103)
+    assert pct(pve1, "status", "103").stdout == "status: running\n"
+
+
+# ---------------------------------------------------------------------- the seeds' container
+def test_seeds_container_129_crashed_server_cleaned_from_the_hypervisor_and_inside(fresh: Lab) -> None:
+    """The seeds' scenario on real LXC: container 129 (unprivileged, eight GPUs passed through as devN) on
+    pve3, an SGLang-like server crashed inside it (its workers orphaned to the container's init, one ignoring
+    SIGTERM, a forked child holding a GPU; the shared memory and sockets of its dead launcher in the
+    container's own /dev/shm and /tmp). The playbook cleans it from the hypervisor (pct, container scope 129),
+    then, after a second crash, from inside (proxmox_pct_remote, local mode in the container); each time the
+    next start, a job of 120 GB on every GPU, comes up. The container, its init and LXC's monitor stay, and
+    nothing outside container 129 is touched."""
+    lab = fresh
+    ct, pve3 = lab["ct129"], lab["pve3"]
+    assert ct.init is not None and ct.node is pve3
+    monitor = int(status_field(ct.init.pid, "PPid"))
+    others = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS}
+    daemons = all_daemons(lab)
+    for how in ("hypervisor", "inside"):
+        if how == "inside":
+            ct.workload = lab.spawn_workload(ct)
+        # The crash: the launcher (here the residue job) is SIGKILLed; its files stay, its workers run on.
+        launcher, made = lab.spawn_residue_job(ct)
+        launcher.signal(signal.SIGKILL)
+        assert launcher.wait_gone(5)
+        leftovers = [*made["shm"], *made["sockets"]]
+        assert leftovers and all(os.path.lexists(f"/proc/{ct.init.pid}/root{p}") for p in leftovers)
+        assert all(used > 0 for used in lab.used_mib(ct).values())
+        inside = how == "inside"
+        want = {p.pid_at(2 if inside else 1) for p in ct.workload}
+        run = lab.playbook(inventory=lab.pct_remote_inventory(), limit="ct129") if inside else lab.playbook(limit="ct129")
+        assert run.rc == 0, run.output
+        res = result_of(run, "ct129")
+        assert res["mode"] == ("local" if inside else "hypervisor"), res
+        assert_clean(lab, run, "ct129")
+        kill = run.phase("kill", host="ct129")
+        assert {tg["pid"] for tg in kill["targets"]} == want, kill["targets"]
+        assert {tg["pid"] for tg in kill["targets"] if "KILL" in tg["signals_sent"]} == {p.pid_at(2 if inside else 1) for p in ct.workload if p.ignores_term}
+        assert not [p for p in leftovers if os.path.lexists(f"/proc/{ct.init.pid}/root{p}")], how
+        # The next start: a server on all eight GPUs gets its memory.
+        job = lab.spawn_job(ct, [{"gpus": [g], "mib": 120000, "title": f"sglang::scheduler_TP{g}"} for g in ct.gpus])
+        assert len(job) == 8 and all(used >= 120000 for used in lab.used_mib(ct).values()), lab.used_mib(ct)
+        for p in job:
+            p.signal(signal.SIGKILL)
+        lab.wait_free(ct)
+        ct.workload = []
+    assert ct.init.alive() and Path(f"/proc/{monitor}/comm").read_text().strip() == "lxc-start"
+    assert lxc_info(lab, ct)["State"] == "RUNNING"
+    assert all(p.alive() for p in ct.daemons.values())
+    for name, before in others.items():
+        assert_untouched(lab, name, before)
+    assert daemons_alive(lab) == daemons
+
+
+# ---------------------------------------------------------------------- nothing stays behind
+#: A lab's session as the conftest runs it (build, the tests, teardown in a finally), whose test fails or
+#: which is SIGKILLed in the middle.
+CHILD = """
+import json, os, signal, sys
+from lab.builder import Lab
+lab = Lab(json.loads(sys.argv[1]))
+try:
+    lab.build()
+    print(json.dumps({"run": lab.run_id, "containers": [c.name for c in lab.containers if c.running()]}), flush=True)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("a test failed")
+finally:
+    lab.teardown()
+"""
+
+
+def test_a_failed_or_killed_lab_leaves_nothing_behind(lab: Lab) -> None:
+    """A lab of one node and one container, built in a PID namespace of its own (tools/pidns-run) beside this
+    one: failing after the build, its teardown leaves none of its cgroups and no lock; SIGKILLed, its
+    processes, mounts, network and files die with its namespaces and only empty cgroup directories stay,
+    which the next lab removes (this lab's own, held by its lock, stay)."""
+    small = load_cluster(CLUSTER_FILE)
+    small["nodes"] = [n for n in small["nodes"] if n["name"] == "pve2"]
+    small["guests"] = [g for g in small["guests"] if g["vmid"] == 201]
+
+    def run_dirs(run: str) -> list[Path]:
+        return [base / f"gpuops-lab-{run}" for base in cgroup_bases() if (base / f"gpuops-lab-{run}").exists()]
+
+    for ending in ("fail", "kill"):
+        child = subprocess.run(
+            [str(ROOT / "tools" / "pidns-run"), sys.executable, "-c", CHILD, json.dumps(small), ending],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=str(ROOT),
+            check=False,
+        )
+        built = json.loads(child.stdout.splitlines()[0]) if child.stdout.startswith("{") else None
+        assert built is not None and built["containers"] == ["ct201"], child.stderr[-3000:]
+        assert child.returncode != 0
+        run = built["run"]
+        # No process of that run is left anywhere below this namespace (its cgroups hold none).
+        for d in run_dirs(run):
+            assert not [p for sub, _dirs, _files in os.walk(d) for p in (Path(sub) / "cgroup.procs").read_text().split()], d
+        if ending == "fail":
+            assert run_dirs(run) == [] and not (LOCK_DIR / f"{run}.lock").exists(), child.stderr[-3000:]
+        else:
+            assert run_dirs(run), "a SIGKILLed lab cannot remove its cgroups itself"
+            assert run in remove_stale_runs()
+            assert run_dirs(run) == [] and not (LOCK_DIR / f"{run}.lock").exists()
+    assert run_dirs(lab.run_id) and all(n.running() for n in lab.nodes)
 
 
 # ---------------------------------------------------------------------- as AWX runs it

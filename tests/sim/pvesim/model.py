@@ -21,7 +21,7 @@ import hashlib
 import re
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 # pve-container: ^(lxc\.[a-z0-9_\-\.]+)(:|\s*=)\s*(.*?)\s*$
 _RAW_LXC = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$")
@@ -144,7 +144,8 @@ class Guest:
     lock: str | None = None
     rrd: bool = True
     config: dict[str, Any] = field(default_factory=dict)
-    interfaces: list[dict[str, Any]] | None = None
+    #: The LXC /interfaces answer, or a callable that makes it (the lab reads the container's namespace).
+    interfaces: list[dict[str, Any]] | Callable[[], list[dict[str, Any]]] | None = None
     agent_running: bool = True
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     pid: int | None = None
@@ -249,15 +250,21 @@ class Cluster:
         )
         if g.template:
             g.status = "stopped"
-        config = _default_lxc_config(g) if kind == "lxc" else _default_qemu_config(g)
-        if "conf" in gd:
-            parsed = parse_conf(gd["conf"], kind)
-            if gd.get("conf_only"):
+        self._configure(g, gd.get("conf"), bool(gd.get("conf_only")), gd.get("config", {}))
+        self.guests[vmid] = g
+        return g
+
+    def _configure(self, g: Guest, conf: str | None, conf_only: bool, extra: dict[str, Any]) -> None:
+        config = _default_lxc_config(g) if g.type == "lxc" else _default_qemu_config(g)
+        g.pending = {}
+        if conf is not None:
+            parsed = parse_conf(conf, g.type)
+            if conf_only:
                 config = parsed
             else:
                 config.update(parsed)
-            g.pending = parse_pending(gd["conf"], kind)
-        config.update(gd.get("config", {}))
+            g.pending = parse_pending(conf, g.type)
+        config.update(extra)
         if g.tags:
             config.setdefault("tags", g.tags)
         if g.template:
@@ -265,8 +272,11 @@ class Cluster:
         if "digest" not in config:
             config["digest"] = hashlib.sha1(repr(sorted(config.items())).encode()).hexdigest()
         g.config = config
-        self.guests[vmid] = g
-        return g
+
+    def set_conf(self, vmid: int, text: str) -> None:
+        """Serve ``text`` (a whole ``<vmid>.conf``) as guest ``vmid``'s configuration from now on, as if the
+        file had been written on the cluster file system (the multi-host lab reads its real files)."""
+        self._configure(self.guests[int(vmid)], text, True, {})
 
     # ------------------------------------------------------------------ helpers
     def node(self, name: str) -> Node:
@@ -455,6 +465,8 @@ class Cluster:
             raise ApiError(501, f"Method 'GET /nodes/{node}/lxc/{vmid}/interfaces' not implemented")
         if not g.running:
             raise ApiError(500, f"CT {vmid} not running")
+        if callable(g.interfaces):
+            return g.interfaces()  # what the container's network namespace has now (the lab)
         if g.interfaces is not None:
             return copy.deepcopy(g.interfaces)
         mac = _mac(g.vmid).lower()

@@ -89,6 +89,8 @@ class PveSim:
     ``tokens`` maps ``user@realm!tokenid`` to its secret, ``users`` maps
     ``user@realm`` to a password; both default to the description's ``auth``
     block, then to :data:`DEFAULT_TOKEN_ID` / :data:`DEFAULT_USER`.
+    ``refresh(cluster)``, when given, runs before every answer (one at a time): what the
+    multi-host lab uses to serve its real containers' configuration files and states.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class PveSim:
         port: int = 0,
         auth_fail_delay: float = 0.0,
         max_parallel: int | None = None,
+        refresh: Callable[[Cluster], None] | None = None,
     ) -> None:
         self.cluster = cluster if isinstance(cluster, Cluster) else Cluster(cluster)
         auth = self.cluster.desc.get("auth") or {}
@@ -115,6 +118,8 @@ class PveSim:
         self._host = host
         self._want_port = port
         self._lock = threading.Lock()
+        self.refresh = refresh
+        self._refresh_lock = threading.Lock()
         self._requests: list[tuple[str, str]] = []
         self._in_flight = 0
         #: Most requests the simulator was answering at the same moment (for concurrency bounds).
@@ -272,6 +277,9 @@ class PveSim:
         try:
             if self.latency:
                 time.sleep(self.latency)
+            if self.refresh is not None:
+                with self._refresh_lock:
+                    self.refresh(self.cluster)
             status, reason, payload = self._answer(h, method, raw_path, body)
         finally:
             if self._parallel is not None:
