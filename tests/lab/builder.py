@@ -71,7 +71,6 @@ SIM_DIR = TESTS / "sim"
 PID1 = SIM_DIR / "gpusim" / "_sbinit.py"
 NODE_INIT = HERE / "node_init.py"
 PCT = SIM_DIR / "bin" / "pct"
-RESIDUE_JOB = SIM_DIR / "gpusim" / "_residue_job.py"
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
 WORKER = BIN_DIR / "gpusim-worker"
 SSHD = "/usr/sbin/sshd"
@@ -94,9 +93,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 INDEX_NODE = "pve1"
 DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 CONTAINER_DAEMONS = ("dcgm-exporter",)
-#: Inside a container: the job binary and the residue job script, copied into its image.
+#: Inside a container: the job binary, copied into its image.
 CONTAINER_WORKER = "/usr/local/bin/gpusim-worker"
-CONTAINER_RESIDUE_JOB = "/usr/local/lib/gpusim/_residue_job.py"
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LXC_TOOLS = ("lxc-start", "lxc-stop", "lxc-attach", "lxc-info")
 INIT_PID_NS_INO = 0xEFFFFFFC
@@ -486,6 +484,25 @@ def python_binds(python: str) -> list[tuple[str, str, bool]]:
     return binds
 
 
+class ContainerSandbox:
+    """A lab container seen through what gpusim.servers uses of a gpusim Sandbox: ``init_pid`` and ``ns_inode``
+    (the container's PID 1 and PID namespace, from here) and ``spawn_detached``, which starts a command in the
+    container through ``lxc-attach --clear-env`` on its node, the given variables set (``-v``), detached with
+    ``setsid -f``: its parent becomes the container's init, as for a server started inside."""
+
+    def __init__(self, host: Host) -> None:
+        assert host.kind == "lxc" and host.init is not None and host.node is not None
+        self.host = host
+        self.init_pid = host.init.pid
+        self.ns_inode = pidns_inode(host.init.pid)
+
+    def spawn_detached(self, argv: list[Any], env: dict[str, str | None] | None = None, **kwargs: Any) -> subprocess.Popen[Any]:
+        assert self.host.node is not None
+        sets = [x for k, v in (env or {}).items() if v is not None for x in ("-v", f"{k}={v}")]
+        cmd = [*self.host.node.enter(), "lxc-attach", "-n", str(self.host.vmid), "--clear-env", *sets, "--", "setsid", "-f", *map(str, argv)]
+        return subprocess.Popen(cmd, env={"PATH": STD_PATH}, **kwargs)
+
+
 class PackageIndex:
     """A PEP 503 "simple" package index over HTTP on the controller's lab address, serving the wheels of
     .build/wheels: the mirror a Proxmox VE node's pip configuration (index-url) points at. pip reads the
@@ -838,11 +855,11 @@ class Lab:
             "bin/nvidia-smi": BIN_DIR / "nvidia-smi",
             f"{pvenode.LIB_DIR}/libnvidia-ml.so.1": LIB_DIR / "libnvidia-ml.so.1",
             CONTAINER_WORKER[len("/usr/") :]: WORKER,
-            CONTAINER_RESIDUE_JOB[len("/usr/") :]: RESIDUE_JOB,
         }
         for name in CONTAINER_DAEMONS:
             files[f"bin/{name}"] = WORKER
-        binds = [*python_binds(host.python), (str(sim.state_dir), str(sim.state_dir), False)]
+        # gpusim's server trees (gpusim.servers) run from the simulation kit at its own path, with the venv's Python.
+        binds = [*python_binds(host.python), (str(sim.state_dir), str(sim.state_dir), False), (str(SIM_DIR), str(SIM_DIR), True)]
         pvenode.make_image(host.lxc_dir, int(host.vmid or 0), host.name, host.unprivileged, files, binds, sim.desc.driver_version)
 
     def _start_container(self, host: Host) -> None:
@@ -1109,23 +1126,9 @@ class Lab:
         host.workload = self.spawn_job(host, workload_plan(host.gpus)) if host.has_workload else []
         return host.workload
 
-    def spawn_residue_job(self, host: Host) -> tuple[Proc, dict[str, Any]]:
-        """A dead-job-to-be inside a container (gpusim's ``_residue_job.py job``, run by the container's
-        Debian python3): the shared memory, semaphores, ZMQ-style sockets and lock files a crashed
-        server leaves, in the container's own /dev/shm and /tmp. Returns the process and what it made."""
-        assert host.kind == "lxc" and host.init is not None
-        argv = [*host.enter(), "/usr/bin/python3", "-I", CONTAINER_RESIDUE_JOB, "job", "--tmp", "/tmp", "--cache", "/root/.cache"]
-        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PATH": STD_PATH})
-        assert popen.stdout is not None
-        line = popen.stdout.readline().decode().strip()
-        if not line.startswith("ready "):
-            popen.kill()
-            raise LabError(f"{host.name}: residue job: {line} {popen.stderr.read().decode() if popen.stderr else ''}")
-        _word, ns_pid, payload = line.split(" ", 2)
-        pid = find_in_namespace(pidns_inode(host.init.pid), int(ns_pid))
-        if pid is None:
-            raise LabError(f"{host.name}: residue job {ns_pid} not found")
-        return Proc("residue job", host.name, "worker", pid), json.loads(payload)
+    def sandbox(self, host: Host) -> ContainerSandbox:
+        """The container as gpusim.servers takes a sandbox: start SGLang or vLLM server trees in it."""
+        return ContainerSandbox(host)
 
     # ------------------------------------------------------------------ state between tests
     def reset(self) -> None:

@@ -12,17 +12,19 @@ LXC's own tools, the simulated driver's memory state or the results the modules 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import typing as t
 from pathlib import Path
 
 import pytest
-from lab.builder import CLUSTER_FILE, LOCK_DIR, ROOT, SYSTEM_PYTHON, WHEELS, Host, Lab, LabError, cgroup_bases, remove_stale_runs
+import yaml
+from gpusim.servers import Server, ServerStartError, start_sglang
+from lab.builder import CLUSTER_FILE, LOCK_DIR, ROOT, SYSTEM_PYTHON, WHEELS, Host, Lab, LabError, cgroup_bases, nspid, remove_stale_runs
 from pvesim import load_cluster
 from support.ansible import AnsibleRun
 
@@ -608,48 +610,66 @@ def test_pct_follows_pve_containers_code_path(fresh: Lab) -> None:
 
 
 # ---------------------------------------------------------------------- the seeds' container
+def role_patterns(kind: str) -> list[str]:
+    """The role's default residue patterns of one kind (shm, sockets), as the role reads them."""
+    defaults = yaml.safe_load((ROOT / "roles" / "clean_slate" / "defaults" / "main.yml").read_text())
+    return list(defaults[f"clean_slate_residue_{kind}"])
+
+
 def test_seeds_container_129_crashed_server_cleaned_from_the_hypervisor_and_inside(fresh: Lab) -> None:
-    """The seeds' scenario on real LXC: container 129 (unprivileged, eight GPUs passed through as devN) on
-    pve3, an SGLang-like server crashed inside it (its workers orphaned to the container's init, one ignoring
-    SIGTERM, a forked child holding a GPU; the shared memory and sockets of its dead launcher in the
-    container's own /dev/shm and /tmp). The playbook cleans it from the hypervisor (pct, container scope 129),
-    then, after a second crash, from inside (proxmox_pct_remote, local mode in the container); each time the
-    next start, a job of 120 GB on every GPU, comes up. The container, its init and LXC's monitor stay, and
-    nothing outside container 129 is touched."""
+    """The seeds' scenario on real LXC: container 129 (unprivileged, eight GPUs passed through as devN) on pve3
+    runs an SGLang server tree (gpusim.servers: launcher, detokenizer, eight schedulers in sessions of their own)
+    that crashes as the seeds' did: the launcher SIGKILLed, the detokenizer dies with it, the schedulers are
+    reparented to the container's init and keep their GPU memory, their store port and their shared memory
+    and sockets. The next start fails on that. The playbook cleans it from the hypervisor (pct, container scope
+    129), then, after a second crash, from inside (proxmox_pct_remote, local mode in the container); each time
+    exactly the schedulers end, the leftovers the role's residue patterns name are removed from the container's
+    own /dev/shm and /tmp, and the next start of the same server comes up. The container, its init and LXC's
+    monitor stay, and nothing outside container 129 is touched."""
     lab = fresh
     ct, pve3 = lab["ct129"], lab["pve3"]
     assert ct.init is not None and ct.node is pve3
     monitor = int(status_field(ct.init.pid, "PPid"))
     others = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS}
     daemons = all_daemons(lab)
-    for how in ("hypervisor", "inside"):
-        if how == "inside":
-            ct.workload = lab.spawn_workload(ct)
-        # The crash: the launcher (here the residue job) is SIGKILLed; its files stay, its workers run on.
-        launcher, made = lab.spawn_residue_job(ct)
-        launcher.signal(signal.SIGKILL)
-        assert launcher.wait_gone(5)
-        leftovers = [*made["shm"], *made["sockets"]]
-        assert leftovers and all(os.path.lexists(f"/proc/{ct.init.pid}/root{p}") for p in leftovers)
-        assert all(used > 0 for used in lab.used_mib(ct).values())
-        inside = how == "inside"
-        want = {p.pid_at(2 if inside else 1) for p in ct.workload}
-        run = lab.playbook(inventory=lab.pct_remote_inventory(), limit="ct129") if inside else lab.playbook(limit="ct129")
-        assert run.rc == 0, run.output
-        res = result_of(run, "ct129")
-        assert res["mode"] == ("local" if inside else "hypervisor"), res
-        assert_clean(lab, run, "ct129")
-        kill = run.phase("kill", host="ct129")
-        assert {tg["pid"] for tg in kill["targets"]} == want, kill["targets"]
-        assert {tg["pid"] for tg in kill["targets"] if "KILL" in tg["signals_sent"]} == {p.pid_at(2 if inside else 1) for p in ct.workload if p.ignores_term}
-        assert not [p for p in leftovers if os.path.lexists(f"/proc/{ct.init.pid}/root{p}")], how
-        # The next start: a server on all eight GPUs gets its memory.
-        job = lab.spawn_job(ct, [{"gpus": [g], "mib": 120000, "title": f"sglang::scheduler_TP{g}"} for g in ct.gpus])
-        assert len(job) == 8 and all(used >= 120000 for used in lab.used_mib(ct).values()), lab.used_mib(ct)
-        for p in job:
-            p.signal(signal.SIGKILL)
-        lab.wait_free(ct)
-        ct.workload = []
+    box = lab.sandbox(ct)
+    patterns = role_patterns("shm") + role_patterns("sockets")
+    servers: list[Server] = []
+    try:
+        for how in ("hypervisor", "inside"):
+            srv = start_sglang(pve3.gpu_sim, sandbox=box, tp=8, port=30000)
+            servers.append(srv)
+            assert {m.gpu for m in srv.ranks} == set(ct.gpus) and all(used >= 100000 for used in lab.used_mib(ct).values())
+            survivors = srv.crash()
+            assert {m.role for m in survivors} == {"scheduler"} and len(survivors) == 8, survivors
+            assert all(int(status_field(m.pid, "PPid")) == ct.init.pid for m in survivors)  # reparented to init.lxc
+            leftovers = [p for p in srv.shm + srv.sockets if srv.path(p).exists()]
+            removable = [p for p in leftovers if any(fnmatch.fnmatch(p, pat) for pat in patterns)]
+            assert removable, leftovers
+            if how == "hypervisor":
+                with pytest.raises(ServerStartError):
+                    start_sglang(pve3.gpu_sim, sandbox=box, tp=8, port=30000)
+            inside = how == "inside"
+            want = {m.ns_pid if inside else nspid(m.pid)[1] for m in survivors}
+            run = lab.playbook(inventory=lab.pct_remote_inventory(), limit="ct129") if inside else lab.playbook(limit="ct129")
+            assert run.rc == 0, run.output
+            res = result_of(run, "ct129")
+            assert res["mode"] == ("local" if inside else "hypervisor"), res
+            assert res["clean"] is True and res["clean_count"] == 8, res
+            assert lab.used_mib(ct) == dict.fromkeys(ct.gpus, 0)
+            assert not [m for m in srv.members if m.alive()]
+            kill = run.phase("kill", host="ct129")
+            assert {tg["pid"] for tg in kill["targets"]} == want, kill["targets"]
+            assert not [p for p in removable if srv.path(p).exists()], how
+            # The next start: the same server comes up on the eight GPUs.
+            again = start_sglang(pve3.gpu_sim, sandbox=box, tp=8, port=30000)
+            servers.append(again)
+            assert len(again.ranks) == 8 and all(m.alive() for m in again.members)
+            again.stop()
+            lab.wait_free(ct)
+    finally:
+        for srv in servers:
+            srv.stop()
     assert ct.init.alive() and Path(f"/proc/{monitor}/comm").read_text().strip() == "lxc-start"
     assert lxc_info(lab, ct)["State"] == "RUNNING"
     assert all(p.alive() for p in ct.daemons.values())
