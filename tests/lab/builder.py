@@ -60,6 +60,7 @@ HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 ROOT = TESTS.parent
 from gpusim import BIN_DIR, LIB_DIR, Node  # noqa: E402
+from gpusim.paths import CUDA_DIR, LIBCUDA  # noqa: E402
 from lab import pvenode  # noqa: E402
 from pvesim import PveSim, load_cluster  # noqa: E402
 from pvesim.model import Cluster  # noqa: E402
@@ -801,7 +802,8 @@ class Lab:
         env = {
             "GPUSIM_STATE": str(host.sim.state_dir),
             "GPUSIM_DEV_DIR": "/dev",
-            "LD_LIBRARY_PATH": str(LIB_DIR),
+            # The simulated libnvidia-ml.so.1 and libcuda.so.1 (gpusim keeps them in two directories).
+            "LD_LIBRARY_PATH": f"{LIB_DIR}:{CUDA_DIR}",
             "PCTSIM_DIR": str(host.pct_dir),
             "PATH": f"{BIN_DIR}:{STD_PATH}",
             # pip reads none of this machine's configuration files; the index node's pip is configured
@@ -854,6 +856,7 @@ class Lab:
         files = {
             "bin/nvidia-smi": BIN_DIR / "nvidia-smi",
             f"{pvenode.LIB_DIR}/libnvidia-ml.so.1": LIB_DIR / "libnvidia-ml.so.1",
+            f"{pvenode.LIB_DIR}/libcuda.so.1": LIBCUDA,
             CONTAINER_WORKER[len("/usr/") :]: WORKER,
         }
         for name in CONTAINER_DAEMONS:

@@ -47,10 +47,14 @@ def main():
     private_dev()
     for name in sorted(os.listdir(cfg["dev_dir"])):
         if name.startswith("nvidia"):
-            target = f"/dev/{name}"
+            source, target = os.path.join(cfg["dev_dir"], name), f"/dev/{name}"
+            if os.path.isdir(source):  # nvidia-caps/
+                os.mkdir(target)
+                mount(source, target, None, MS_BIND | MS_REC)
+                continue
             with open(target, "w", encoding="ascii"):
                 pass
-            mount(os.path.join(cfg["dev_dir"], name), target, None, MS_BIND)
+            mount(source, target, None, MS_BIND)
     sysfs = tempfile.mkdtemp(prefix="sysfs-", dir=cfg["scratch"])
     mount("sysfs", sysfs, "sysfs")
     mount("/sys/fs/cgroup", f"{sysfs}/fs/cgroup", None, MS_BIND | MS_REC)

@@ -26,7 +26,7 @@ Where the lab departs from a Proxmox VE node, and why (each is marked ``lab:`` i
 
 The image: ``/usr`` is an overlay of this machine's ``/usr`` with a small upper layer per container (the
 container's own ``/sbin/init``, the simulated driver's library and ``nvidia-smi`` where NVIDIA's
-container hook puts them, the job binaries); ``/etc`` is the container's own (root, sshd, the loader
+container hook puts them, ``libcuda.so.1`` beside it, the job binaries); ``/etc`` is the container's own (root, sshd, the loader
 cache); the modules' Pythons are this machine's, bind-mounted read-only at their own paths, like a
 ``mpN`` bind mount point. The pre-start hook mounts it all in the container's private mount namespace.
 """
@@ -275,11 +275,13 @@ def make_image(
         dest = upper / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest)
-    lib = upper / LIB_DIR / "libnvidia-ml.so.1"
-    if lib.exists():
-        # As the driver's packages and NVIDIA's hook lay it out: the versioned file and the soname link.
-        lib.rename(lib.with_name(f"libnvidia-ml.so.{driver_version}"))
-        lib.symlink_to(f"libnvidia-ml.so.{driver_version}")
+    for soname in ("libnvidia-ml.so.1", "libcuda.so.1"):
+        lib = upper / LIB_DIR / soname
+        if lib.exists():
+            # As the driver's packages and NVIDIA's hook lay it out: the versioned file and the soname link.
+            versioned = soname[: -len("1")] + driver_version
+            lib.rename(lib.with_name(versioned))
+            lib.symlink_to(versioned)
     for _source, target, _ro in binds:
         (rootfs / target.lstrip("/")).mkdir(parents=True, exist_ok=True)
     (base / "image.json").write_text(json.dumps(image.spec(), indent=1) + "\n")

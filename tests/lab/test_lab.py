@@ -498,8 +498,8 @@ def test_the_containers_are_real_lxc_containers_as_proxmox_makes_them(fresh: Lab
     the privileged one under the identity map, and its device cgroup refuses a device it was not given; its
     cgroup is lxc/<vmid>/ns under its node's of this run. Its /dev has exactly the GPUs of its Proxmox
     configuration (devN through the pre-start and autodev hooks, raw lxc.mount.entry lines by LXC itself),
-    the node's own device files (same inode), and the simulated driver's library is where NVIDIA's hook puts
-    it. ct103, without nvidia-uvm: NVML answers inside it, a CUDA job cannot start. Hosts are separate PID,
+    the node's own device files (same inode), and the simulated driver's libnvidia-ml and libcuda are where
+    NVIDIA's hook puts them. ct103, without nvidia-uvm: NVML answers inside it, a CUDA job cannot start. Hosts are separate PID,
     network and UTS namespaces."""
     lab = fresh
     inits = {h.name: h.init for h in lab.hosts.values() if h.init}
@@ -534,8 +534,9 @@ def test_the_containers_are_real_lxc_containers_as_proxmox_makes_them(fresh: Lab
         for name in want:
             inside, on_node = os.stat(f"{dev}/{name}"), os.stat(f"/proc/{c.node.init.pid}/root/dev/{name}")
             assert (inside.st_dev, inside.st_ino) == (on_node.st_dev, on_node.st_ino), (c.name, name)
-        lib = f"/proc/{c.init.pid}/root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
-        assert os.readlink(lib) == f"libnvidia-ml.so.{c.gpu_sim.desc.driver_version}" and os.path.isfile(lib)
+        for soname in ("libnvidia-ml.so.1", "libcuda.so.1"):
+            lib = f"/proc/{c.init.pid}/root/usr/lib/x86_64-linux-gnu/{soname}"
+            assert os.readlink(lib) == f"{soname[:-1]}{c.gpu_sim.desc.driver_version}" and os.path.isfile(lib), (c.name, soname)
         assert {i["name"] for i in lab.interfaces(c)} == ({"lo", "eth0"} if c.address else {"lo"}), c.name
     assert [i["inet"] for i in lab.interfaces(lab["ct101"]) if i["name"] == "eth0"] == ["10.77.0.101/24"]
     # The privileged container's device cgroup: /dev/mem's numbers may be made (c *:* m), never opened.
