@@ -622,10 +622,11 @@ def test_seeds_container_129_crashed_server_cleaned_from_the_hypervisor_and_insi
     runs an SGLang server tree (gpusim.servers: launcher, detokenizer, eight schedulers in sessions of their own)
     that crashes as the seeds' did: the launcher SIGKILLed, the detokenizer dies with it, the schedulers are
     reparented to the container's init and keep their GPU memory, their store port and their shared memory
-    and sockets. The next start fails on that. The playbook cleans it from the hypervisor (pct, container scope
-    129), then, after a second crash, from inside (proxmox_pct_remote, local mode in the container); each time
-    exactly the schedulers end, the leftovers the role's residue patterns name are removed from the container's
-    own /dev/shm and /tmp, and the next start of the same server comes up. The container, its init and LXC's
+    and sockets (multiprocessing's resource tracker lives on too). The next start fails on that. The playbook
+    cleans it from the hypervisor (pct, container scope 129), then, after a second crash, from inside
+    (proxmox_pct_remote, local mode in the container); each time every scheduler ends and nothing but what is
+    left of the server, the leftovers the role's residue patterns name are removed from the container's own
+    /dev/shm and /tmp, and the next start of the same server comes up. The container, its init and LXC's
     monitor stay, and nothing outside container 129 is touched."""
     lab = fresh
     ct, pve3 = lab["ct129"], lab["pve3"]
@@ -642,8 +643,10 @@ def test_seeds_container_129_crashed_server_cleaned_from_the_hypervisor_and_insi
             servers.append(srv)
             assert {m.gpu for m in srv.ranks} == set(ct.gpus) and all(used >= 100000 for used in lab.used_mib(ct).values())
             survivors = srv.crash()
-            assert {m.role for m in survivors} == {"scheduler"} and len(survivors) == 8, survivors
-            assert all(int(status_field(m.pid, "PPid")) == ct.init.pid for m in survivors)  # reparented to init.lxc
+            schedulers = [m for m in survivors if m.role == "scheduler"]
+            # The schedulers (and multiprocessing's resource tracker) outlive the launcher.
+            assert len(schedulers) == 8 and {m.role for m in survivors} <= {"scheduler", "resource_tracker"}, survivors
+            assert all(int(status_field(m.pid, "PPid")) == ct.init.pid for m in schedulers)  # reparented to init.lxc
             leftovers = [p for p in srv.shm + srv.sockets if srv.path(p).exists()]
             removable = [p for p in leftovers if any(fnmatch.fnmatch(p, pat) for pat in patterns)]
             assert removable, leftovers
@@ -651,7 +654,7 @@ def test_seeds_container_129_crashed_server_cleaned_from_the_hypervisor_and_insi
                 with pytest.raises(ServerStartError):
                     start_sglang(pve3.gpu_sim, sandbox=box, tp=8, port=30000)
             inside = how == "inside"
-            want = {m.ns_pid if inside else nspid(m.pid)[1] for m in survivors}
+            seen = {m.pid: m.ns_pid if inside else nspid(m.pid)[1] for m in survivors}  # as the modules see them
             run = lab.playbook(inventory=lab.pct_remote_inventory(), limit="ct129") if inside else lab.playbook(limit="ct129")
             assert run.rc == 0, run.output
             res = result_of(run, "ct129")
@@ -660,7 +663,9 @@ def test_seeds_container_129_crashed_server_cleaned_from_the_hypervisor_and_insi
             assert lab.used_mib(ct) == dict.fromkeys(ct.gpus, 0)
             assert not [m for m in srv.members if m.alive()]
             kill = run.phase("kill", host="ct129")
-            assert {tg["pid"] for tg in kill["targets"]} == want, kill["targets"]
+            # Every scheduler ended, and nothing but what the crash left of the server.
+            targets = {tg["pid"] for tg in kill["targets"]}
+            assert {seen[m.pid] for m in schedulers} <= targets <= set(seen.values()), kill["targets"]
             assert not [p for p in removable if srv.path(p).exists()], how
             # The next start: the same server comes up on the eight GPUs.
             again = start_sglang(pve3.gpu_sim, sandbox=box, tp=8, port=30000)
