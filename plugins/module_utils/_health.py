@@ -183,7 +183,7 @@ def parse_kmsg(data: bytes, boot: float, needle: bytes | None = b"NVRM: Xid") ->
             stamp = int(fields[2]) / 1e6
         except (IndexError, ValueError):
             continue
-        out.append((boot + stamp, message.decode("utf-8", "replace")))
+        out.append((boot + stamp, message.decode("utf-8", "backslashreplace")))
     return out
 
 
@@ -525,10 +525,10 @@ def _exe_names(pid: int) -> set[str]:
     """What a process calls itself: comm, argv[0]'s and the executable's base names."""
     names = set()
     try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="backslashreplace") as fh:
             names.add(fh.read().strip())
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv0 = fh.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+            argv0 = fh.read().split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
         names.add(os.path.basename(argv0))
     except OSError:
         return names
@@ -548,7 +548,7 @@ def find_processes(wanted: t.Sequence[str]) -> dict[str, list[int]]:
             continue
         pid = int(entry)
         try:
-            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="backslashreplace") as fh:
                 comm = fh.read().strip()
         except OSError:
             continue

@@ -9,14 +9,22 @@
 A file is held while a live process has it open (``/proc/PID/fd``), maps it
 (``/proc/PID/maps``), has its working directory or root in it, holds a lock on
 it (``/proc/locks``), or (for a socket file) has a socket bound to it
-(``/proc/PID/net/unix``). Everything is matched by device and inode, never by
+(``/proc/PID/net/unix``). Every thread counts: a thread can have a file table,
+a working directory and root, and a network namespace of its own
+(``unshare(CLONE_FILES)``, ``unshare(CLONE_FS)``, ``unshare(CLONE_NEWNET)``),
+read from ``/proc/PID/task/TID``; threads that share the main thread's are told
+apart with ``kcmp(2)`` and read once (when kcmp cannot tell, each is read). A
+process whose main thread has exited while others run is alive: its threads
+hold what it holds, and it is not a zombie. Everything is matched by device and inode, never by
 path: the same path names different files in different mount namespaces (a
 container's ``/dev/shm`` is not the host's), and a path printed by the kernel
 is relative to the reader's root. Paths only narrow down which fds to stat.
 
 The pass is written for speed (it is the cost of the residue phase on a host
-with thousands of processes): one listdir and one readlink per fd, one read
-of maps per process, and a stat only for fds whose name is a candidate's.
+with thousands of processes): one stat of the task directory (its link count
+gives the number of threads), one listdir and one readlink per fd, one read
+of maps per process, a stat only for fds whose name is a candidate's, and for
+a process with several threads one kcmp per thread.
 Every reader tolerates processes that vanish mid-scan.
 """
 
@@ -69,7 +77,7 @@ class Scan:
     holds: dict[Key, list[Hold]] = field(default_factory=dict)
     name_holds: dict[str, list[Hold]] = field(default_factory=dict)  # overlayfs names mapped (see Watch.name_only)
     socket_owners: dict[int, list[int]] = field(default_factory=dict)
-    netns: dict[int, int] = field(default_factory=dict)  # network namespace inode -> a pid in it
+    netns: dict[int, int | str] = field(default_factory=dict)  # network namespace inode -> a pid (or "pid/task/tid") in it
     zombies: list[tuple[int, int, str]] = field(default_factory=list)  # (pid, ppid, comm)
     unreadable: list[int] = field(default_factory=list)  # pids whose fds or maps could not be read (permission)
     processes: int = 0
@@ -107,7 +115,7 @@ def _stat_line(pid: str) -> tuple[str, int, str] | None:
     """(state, ppid, comm) from /proc/PID/stat."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode("utf-8", "replace")
+            raw = fh.read().decode("utf-8", "backslashreplace")
     except OSError:
         return None
     head, _sep, rest = raw.rpartition(")")
@@ -177,9 +185,55 @@ def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
     need_fds = bool(keys) or all_sockets or bool(want_sockets)
     buf = bytearray(_MAPS_BUFFER)
     listdir, readlink, stat = os.listdir, os.readlink, os.stat
+    same = _kcmp()
+
+    def scan_fds(pid: int, fd_dir: str, fds: list[str]) -> None:
+        prefix = fd_dir + "/"
+        for fd in fds:
+            try:
+                target = readlink(prefix + fd)
+            except OSError:
+                continue
+            if target[:1] == "/":
+                if not keys or target.endswith(" (deleted)"):
+                    continue
+                if any_name or target.rpartition("/")[2] in names:
+                    try:
+                        st = stat(prefix + fd)
+                    except OSError:
+                        continue
+                    key = (st.st_dev, st.st_ino)
+                    if key in keys:
+                        out.add(key, pid, "fd")
+            elif target[:8] == "socket:[":
+                ino = int(target[8:-1])
+                if all_sockets or ino in t.cast(t.Set[int], want_sockets):
+                    owners = out.socket_owners.setdefault(ino, [])
+                    if pid not in owners:
+                        owners.append(pid)
+
+    def scan_cwd(pid: int, base: str) -> None:
+        for link in ("cwd", "root"):
+            try:
+                st = stat(base + "/" + link)
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in watch.cwd_keys:
+                out.add(key, pid, link)
+
     for name in proc_names:
         base = "/proc/" + name
         pid = int(name)
+        # The other threads: each may have a file table and a working directory and root of its own
+        # (unshare(CLONE_FILES), unshare(CLONE_FS)), and a process whose main thread has exited lives on in them.
+        # The task directory's link count is two more than the number of threads: one stat tells most processes
+        # (one thread) apart, and only the others are listed.
+        try:
+            threads = stat(base + "/task").st_nlink - 2
+        except OSError:
+            continue  # gone
+        tids = _other_tids(base, name) if threads > 1 else []
         fds: list[str] | None = None
         if need_fds:
             try:
@@ -190,30 +244,15 @@ def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
                 continue  # gone
         out.processes += 1
         if fds:
-            prefix = base + "/fd/"
-            for fd in fds:
-                try:
-                    target = readlink(prefix + fd)
-                except OSError:
-                    continue
-                if target[:1] == "/":
-                    if not keys or target.endswith(" (deleted)"):
-                        continue
-                    if any_name or target.rpartition("/")[2] in names:
-                        try:
-                            st = stat(prefix + fd)
-                        except OSError:
-                            continue
-                        key = (st.st_dev, st.st_ino)
-                        if key in keys:
-                            out.add(key, pid, "fd")
-                elif target[:8] == "socket:[":
-                    ino = int(target[8:-1])
-                    if all_sockets or ino in t.cast(t.Set[int], want_sockets):
-                        out.socket_owners.setdefault(ino, []).append(pid)
+            scan_fds(pid, base + "/fd", fds)
+        if need_fds and tids:
+            fds = _scan_thread_fds(pid, base, tids, same, listdir, scan_fds, out, fds)
         maps = b""
         if read_maps:
             data = _read_all(base + "/maps", buf)
+            if not data and tids:
+                # A main thread that has exited has no memory map of its own any more; its threads share one.
+                data = next((d for d in (_read_all(f"{base}/task/{tid}/maps", buf) for tid in tids) if d), data)
             if data is None:
                 if os.path.exists(base) and fds is not None:
                     out.unreadable.append(pid)
@@ -222,25 +261,102 @@ def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
                 if any(tok in data for tok in tokens_sp) or any(tok in data for tok in name_tokens):
                     _match_maps(data, by_token, watch, out, pid)
         if want_cwd:
-            for link in ("cwd", "root"):
-                try:
-                    st = stat(base + "/" + link)
-                except OSError:
-                    continue
-                key = (st.st_dev, st.st_ino)
-                if key in watch.cwd_keys:
-                    out.add(key, pid, link)
+            scan_cwd(pid, base)
+            for task in _distinct(pid, tids, same, _KCMP_FS):
+                scan_cwd(pid, f"{base}/task/{task}")
         if watch.netns:
-            try:
-                ns = readlink(base + "/ns/net")
-                out.netns.setdefault(int(ns[5:-1]), pid)
-            except (OSError, ValueError):
-                pass
-        # A zombie has neither files nor memory: only those, and unreadable ones, cost a stat read.
-        if watch.zombies and not fds and not maps:
+            # A thread may have a network namespace of its own (unshare(CLONE_NEWNET)): its unix table is its own.
+            places: list[tuple[int | str, str]] = [(pid, base + "/ns/net")]
+            places += [(f"{name}/task/{tid}", f"{base}/task/{tid}/ns/net") for tid in tids]
+            for where, ns_link in places:
+                try:
+                    ns = readlink(ns_link)
+                    out.netns.setdefault(int(ns[5:-1]), where)
+                except (OSError, ValueError):
+                    pass
+        # A zombie has neither files nor memory: only those, and unreadable ones, cost a stat read. A process
+        # whose main thread is a zombie while other threads run is alive, not a zombie.
+        if watch.zombies and not fds and not maps and not tids:
             st_line = _stat_line(name)
             if st_line and st_line[0] == "Z":
                 out.zombies.append((pid, st_line[1], st_line[2]))
+
+
+def _other_tids(base: str, name: str) -> list[str]:
+    try:
+        return [tid for tid in os.listdir(base + "/task") if tid != name]
+    except OSError:
+        return []
+
+
+def _scan_thread_fds(
+    pid: int,
+    base: str,
+    tids: list[str],
+    same: t.Callable[[int, int, int], bool | None],
+    listdir: t.Callable[[str], list[str]],
+    scan_fds: t.Callable[[int, str, list[str]], None],
+    out: Scan,
+    fds: list[str] | None,
+) -> list[str] | None:
+    """The file tables of the threads that do not share the main thread's (one each, read once); returns the fds
+    seen, the main thread's or else a thread's, for the zombie test."""
+    for task in _distinct(pid, tids, same, _KCMP_FILES):
+        fd_dir = f"{base}/task/{task}/fd"
+        try:
+            task_fds = listdir(fd_dir)
+        except PermissionError:
+            out.unreadable.append(pid)
+            continue
+        except OSError:
+            continue  # the thread has exited
+        scan_fds(pid, fd_dir, task_fds)
+        fds = fds or task_fds
+    return fds
+
+
+def _distinct(pid: int, tids: list[str], same: t.Callable[[int, int, int], bool | None], what: int) -> list[str]:
+    """The threads whose ``what`` (file table or fs) is none of the main thread's or another listed one's."""
+    seen = [pid]
+    out = []
+    for tid in tids:
+        task = int(tid)
+        if any(same(other, task, what) for other in seen):
+            continue
+        seen.append(task)
+        out.append(tid)
+    return out
+
+
+_KCMP_FILES = 2  # linux/kcmp.h: KCMP_FILES, the file descriptor table
+_KCMP_FS = 3  # KCMP_FS: the working directory and root
+# kcmp(2)'s number on each architecture CPython runs on here (asm/unistd.h).
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272, "ppc64le": 354, "ppc64": 354, "s390x": 343, "riscv64": 272, "i686": 349, "armv7l": 378}
+
+
+def _kcmp() -> t.Callable[[int, int, int], bool | None]:
+    """Whether two tasks share a file table (``_KCMP_FILES``) or a working directory and root (``_KCMP_FS``),
+    through kcmp(2): True or False, None when it cannot tell (no kcmp here, or not permitted), and then every
+    thread is read as if it had its own: the safe side."""
+    import ctypes
+    import platform
+
+    number = _SYS_KCMP.get(platform.machine())
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall = libc.syscall
+    except (OSError, AttributeError):
+        number = None
+    if number is None:
+        return lambda _a, _b, _what: None
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong]
+
+    def same(a: int, b: int, what: int) -> bool | None:
+        answer = syscall(number, a, b, what, 0, 0)
+        return None if answer < 0 else answer == 0
+
+    return same
 
 
 def _match_maps(data: bytes, by_token: dict[bytes, int], watch: Watch, out: Scan, pid: int) -> None:

@@ -18,6 +18,13 @@ Every failure of every module has the shape :mod:`._reasons` documents
   operator and the traceback kept in ``exception`` (which Ansible returns when
   asked for error tracebacks: ``ANSIBLE_DISPLAY_TRACEBACK=error``).
 
+Every string of every result, failures included, is valid UTF-8 text
+(:func:`text`): a name read from the system (a file name in /dev/shm, a
+process name or command line, pct's output) may hold bytes that are not
+UTF-8, which Ansible refuses to carry back ("Refusing to deserialize an
+invalid UTF8 string value"), losing the result. Each such byte appears as
+``\\xNN``, as Python's ``backslashreplace`` writes it.
+
 The helpers never call ``fail_json``; only :func:`finish` does.
 """
 
@@ -95,18 +102,40 @@ def outcome(module: t.Any, body: Body, name: str, libraries: t.Sequence[Library]
                 "failed": True,
             }
     try:
-        return body(module)
+        return t.cast(t.Dict[str, t.Any], text(body(module)))
     except CleanSlateError as exc:
-        return {**extra(exc.reason), **exc.result(), "failed": True}
+        return t.cast(t.Dict[str, t.Any], text({**extra(exc.reason), **exc.result(), "failed": True}))
     except Exception as exc:  # pylint: disable=broad-exception-caught
         # A bug must still reach the operator as a sentence, with the traceback kept for ANSIBLE_DISPLAY_TRACEBACK=error.
-        return {
+        bug: dict[str, t.Any] = {
             **extra(_reasons.INTERNAL_ERROR),
             "msg": f"{name} failed unexpectedly: {exc}. This is a bug: report it with the traceback (ANSIBLE_DISPLAY_TRACEBACK=error shows it).",
             "exception": traceback.format_exc(),
             "reason": _reasons.INTERNAL_ERROR,
             "failed": True,
         }
+        return t.cast(t.Dict[str, t.Any], text(bug))
+
+
+def text(value: t.Any) -> t.Any:
+    """``value`` with every string in it (dictionary keys included) valid UTF-8: a byte that was not (held as a
+    surrogate escape, as Python decodes file names and Ansible command output) becomes ``\\xNN``."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            try:
+                return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:  # a lone surrogate that no undecodable byte made
+                return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {text(k): text(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [text(v) for v in value]
+    return value
 
 
 def end(module: Module, result: dict[str, t.Any]) -> t.NoReturn:

@@ -317,9 +317,9 @@ def read_facts(pid: int) -> ProcFacts | None:
         return None
     raw, exe, uid = command
     words = raw.rstrip(b"\0")
-    cmdline = words.replace(b"\0", b" ").decode("utf-8", "replace")
+    cmdline = words.replace(b"\0", b" ").decode("utf-8", "backslashreplace")
     return ProcFacts(
-        argv=[w.decode("utf-8", "replace") for w in words.split(b"\0")] if words else [],
+        argv=[w.decode("utf-8", "backslashreplace") for w in words.split(b"\0")] if words else [],
         pid=pid,
         comm=st["comm"],
         cmdline=cmdline,

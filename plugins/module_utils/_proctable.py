@@ -102,7 +102,7 @@ def pid_max() -> int:
 def read_stat(pid: int) -> dict[str, t.Any] | None:
     """comm, state, ppid, pgid, flags and start time (clock ticks) from /proc/PID/stat."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="backslashreplace") as fh:
             raw = fh.read()
     except OSError:
         return None

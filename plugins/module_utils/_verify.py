@@ -236,7 +236,7 @@ def quick_judge(reading: Reading, criteria: Criteria) -> tuple[bool, str | None]
 
 def _comm(pid: int) -> str | None:
     try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="backslashreplace") as fh:
             return fh.read().strip()
     except OSError:
         return None

@@ -16,14 +16,20 @@ description:
     path globs per kind. O(shm) are shared memory segments and POSIX semaphores (regular files), O(sockets) are ZMQ
     C(ipc://) and other unix socket files (socket files only), O(locks) are lock files of JIT compile caches (regular
     files, searched with C(**) through the cache directories), O(dirs) are per-run directories removed as a whole.
-  - Removes an item only when it is provably orphaned. No live process has it (or, for a directory, anything in it)
-    open or mapped (C(/proc/*/fd), C(/proc/*/maps)), holds a lock on it (C(/proc/locks)), has a socket bound to it
-    (the unix socket table of every network namespace), or works inside it. Items are matched by device and inode, so
-    the same path in another mount namespace is never confused with it. Anything held is kept and reported with its
-    holders (pid, name, how, and whether the holder is a protected daemon).
+  - Removes an item only when it is provably orphaned. No thread of any live process has it (or, for a directory,
+    anything in it) open or mapped (C(/proc/*/fd), C(/proc/*/maps)), holds a lock on it (C(/proc/locks)), has a socket
+    bound to it (the unix socket table of every network namespace), or works inside it (its working directory or
+    root). Every thread counts, not only a process's main one, as C(/proc/PID/task/TID) shows it; a thread may have a file
+    table, a working directory or a network namespace of its own, and a process whose main thread has exited while
+    others run is alive. Items are matched by device and inode, so the same path in another mount namespace is never
+    confused with it. Anything held is kept and reported with its holders (pid, name, how, and whether the holder is
+    a protected daemon).
   - Paths are walked one component at a time from directory file descriptors without following any symbolic link, so
     no pattern leaves its root; right before each unlink the item is checked again through its directory and must
-    still be the file that was judged.
+    still be the file that was judged, with one name only (a file with another hard link is left alone, since a
+    process may hold it under the other name); a directory must hold nothing that was not judged.
+  - A name that is not valid UTF-8 (anyone can create one in C(/dev/shm)) is reported with each such byte as
+    C(\xNN), and its record carries C(path_escaped=true); process names and command lines follow the same rule.
   - With O(containers), it works inside those LXC containers only, through the root of each container's init
     (C(/proc/<init>/root)); the host's own files are not looked at. Holders are looked for among all processes the
     module can see, which on a hypervisor includes every container's.
@@ -36,7 +42,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Lists what would be removed and the bytes it would free, and removes nothing.
+    details: Lists what would be removed and the bytes it would free, and removes nothing. It applies the run's last check
+      to each item (still the file judged, one name, a directory unchanged), so it reports exactly what a run would do.
   diff_mode:
     support: full
     details: The diff lists the orphaned items before, and those still there after.
@@ -269,6 +276,11 @@ removed:
       description: The container it is in, with O(containers); null otherwise.
       type: int
       sample: 129
+    path_escaped:
+      description: Present (V(true)) when the name is not valid UTF-8 and C(path) shows each such byte as C(\xNN).
+      type: bool
+      returned: when the name is not valid UTF-8
+      sample: true
 held:
   description: Items kept because a live process holds them, with up to 10 holders each (C(pid), C(name), C(cmdline),
     C(how) - V(fd), V(mmap), V(lock), V(bound), V(cwd) or V(root) - C(protected), C(container)).
@@ -289,7 +301,8 @@ stale:
   elements: dict
   sample: [{"path": /root/.cache/torch_extensions/py311_cu124/fused_adam/lock, "kind": locks, "bytes": 0, "uid": 0}]
 ignored:
-  description: Items not judged or not removed, with why (another owner than O(users), changed since judged, gone).
+  description: Items not judged or not removed, with why (another owner than O(users), changed since judged, more than
+    one hard link, gone).
   returned: always
   type: list
   elements: dict

@@ -303,11 +303,11 @@ targets:
       type: int
       sample: 4242
     name:
-      description: Process name (comm).
+      description: Process name (comm); a byte that is not UTF-8 appears as C(\xNN).
       type: str
       sample: sglang::schedul
     cmdline:
-      description: Command line.
+      description: Command line, its words joined by spaces; a byte that is not UTF-8 appears as C(\xNN).
       type: str
       sample: sglang::scheduler_TP0
     user:

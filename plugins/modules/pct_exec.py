@@ -175,7 +175,8 @@ rc:
   type: int
   sample: 0
 stdout:
-  description: Standard output of the command.
+  description: Standard output of the command (as C(stderr) and the lines of both, UTF-8 text; a byte that is not
+    UTF-8 appears as C(\xNN)).
   returned: when the command ran
   type: str
   sample: "0, 0 MiB\n"

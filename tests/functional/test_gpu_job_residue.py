@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import typing as t
@@ -20,6 +22,7 @@ import pytest
 from gpusim import residue
 from gpusim.residue import Container, inside, spawn
 from support.modules import ModuleRunner, assert_no_traceback, wait_for
+from support.threads import THREAD_HOLDER
 
 PRIVATE_TMP = os.environ.get("GPUOPS_PRIVATE_TMP") == "1"
 needs_private_tmp = pytest.mark.skipif(not PRIVATE_TMP, reason="writes to /dev/shm: run under tools/pidns-run (private tmpfs)")
@@ -379,3 +382,35 @@ def test_container_scope_never_touches_the_hosts_dev_shm(node, tmp_path) -> None
         # On the host they are orphans as well: a run there would have removed them.
         r = run("gpu_job_residue", {"remove": []})
         assert set(host_dead.info["shm"]) <= paths(r, "stale")
+
+
+def start_thread_holder(sb, mode: str, path: str):
+    """A process inside the sandbox one of whose threads, not the main one, holds ``path`` (support.threads)."""
+    proc = sb.popen([sys.executable, "-c", THREAD_HOLDER, mode, path], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@needs_private_tmp
+def test_what_a_thread_holds_stays_and_a_name_that_is_not_utf8_comes_back_escaped(mod, shm_sandbox, dirs) -> None:
+    """Issue 26: segments only a thread held were removed; a name that is not UTF-8 lost the whole result."""
+    sb = shm_sandbox
+    work, cache = dirs
+    held = {mode: f"/dev/shm/nccl-{mode}" for mode in ("files", "exit-fd", "exit-map")}
+    for path in held.values():
+        inside(sb, path).write_bytes(b"\0" * 4096)
+    odd = os.fsencode(inside(sb, "/dev/shm")) + b"/nccl-\xff\xfe"
+    os.close(os.open(odd, os.O_CREAT | os.O_WRONLY, 0o600))
+    holders = {mode: start_thread_holder(sb, mode, path) for mode, path in held.items()}
+    try:
+        r = mod("gpu_job_residue", options(work, cache))
+        assert r["_status"] == "ok", r
+        assert_no_traceback(r)
+        assert paths(r, "held") == set(held.values()) and all(exists(sb, p) for p in held.values())
+        assert [(x["path"], x.get("path_escaped")) for x in r["removed"]] == [("/dev/shm/nccl-\\xff\\xfe", True)]
+        assert not os.path.lexists(odd)
+        assert r["zombies"] == []
+    finally:
+        for proc in holders.values():
+            proc.kill()
+            proc.wait()

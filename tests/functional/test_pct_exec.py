@@ -238,3 +238,13 @@ def test_a_missing_pct_path_is_named(registry, tmp_path):
     assert (r["_status"], r["reason"]) == ("failed", "bad_arguments")
     assert f"pct_path: {tmp_path / 'nowhere' / 'pct'} does not exist" in r["msg"]
     assert registry.calls() == []
+
+
+def test_output_that_is_not_utf8_arrives_escaped_with_the_result_intact(registry, container):
+    """A container's command may print any bytes; Ansible refuses to carry back text that is not UTF-8."""
+    code = "import os; os.write(1, b'ok \\xff\\xfe\\n'); os.write(2, b'err \\xc3\\n'); raise SystemExit(3)"
+    r = pct_exec(registry, vmid=150, argv=[PY, "-c", code])
+    assert r["_status"] == "failed" and r["reason"] == "command_failed", r["_output"]
+    assert r["rc"] == 3
+    assert r["stdout"] == "ok \\xff\\xfe\n" and r["stdout_lines"] == ["ok \\xff\\xfe"]
+    assert r["stderr"] == "err \\xc3\n"

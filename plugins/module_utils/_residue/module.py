@@ -132,8 +132,8 @@ def _run(req: Request, check_mode: bool, roots: list[walk.Root], walkers: list[w
         for item in orphans:
             item.verdict, item.why = "skipped", why
         notes.append(why + "; run the module as root (become: true).")
-    elif not check_mode:
-        remove.remove_all(orphans)
+    else:
+        remove.remove_all(orphans, check_mode)
 
     ports_out: list[dict[str, t.Any]] = []
     for root, socks in port_socks:

@@ -108,8 +108,9 @@ def bound_sockets(scan: _holders.Scan, keys: set[Key], names: set[str]) -> tuple
     """Socket files with a live socket bound to them, in any network namespace.
 
     The unix tables give the path as it was passed to bind(); it is resolved in
-    the binder's own root (``/proc/<binder>/root``), so the same path in two
-    mount namespaces is not confused. When no binder can be found the name alone
+    the binder's own root (``/proc/<binder>/root``, and the root of each of its
+    threads, which may have one of its own), so the same path in two mount
+    namespaces is not confused. When no binder can be found the name alone
     decides, on the safe side: the file counts as held.
     """
     bound: dict[Key, list[_holders.Hold]] = {}
@@ -124,18 +125,31 @@ def bound_sockets(scan: _holders.Scan, keys: set[Key], names: set[str]) -> tuple
             resolved = False
             if path.startswith("/"):
                 for owner in scan.socket_owners.get(inode, []):
-                    try:
-                        st = os.stat(f"/proc/{owner}/root{path}")
-                    except OSError:
-                        continue
-                    resolved = True
-                    key = (st.st_dev, st.st_ino)
-                    if key in keys:
-                        bound.setdefault(key, []).append(_holders.Hold(owner, "bound"))
-                    break
+                    for root in _roots(owner):
+                        try:
+                            st = os.stat(root + path)
+                        except OSError:
+                            continue
+                        resolved = True
+                        key = (st.st_dev, st.st_ino)
+                        if key in keys:
+                            bound.setdefault(key, []).append(_holders.Hold(owner, "bound"))
+                            break
+                    if resolved:
+                        break
             if not resolved:
                 unresolved.setdefault(base, []).append(path)
     return bound, unresolved
+
+
+def _roots(pid: int) -> list[str]:
+    """The root directories of a process's threads as /proc paths: the main thread's first."""
+    roots = [f"/proc/{pid}/root"]
+    try:
+        roots += [f"/proc/{pid}/task/{tid}/root" for tid in os.listdir(f"/proc/{pid}/task") if tid != str(pid)]
+    except OSError:
+        pass
+    return roots
 
 
 # ---------------------------------------------------------------------- zombies and ports

@@ -65,16 +65,24 @@ def _rmtree(parent: int, name: str, item: Item, delete: bool) -> None:
         os.rmdir(name, dir_fd=parent)
 
 
-def remove(item: Item) -> None:
-    """Remove one orphaned item; set its verdict to removed, vanished or error."""
+def decide(item: Item) -> tuple[str, str] | None:
+    """Whether an item judged orphaned may go now: None, or the ``(verdict, why)`` that keeps it.
+
+    The one decision, for the real run and check mode alike, so that check mode
+    reports exactly what a run would do. It reads the item again through its
+    directory fd: gone (``vanished``), unreadable (``error``), no longer the very
+    file that was judged (another file under the name, or written to:
+    ``skipped``), a file with more than one name (``skipped``: another name for
+    it may be the one a process opened, and only maps and locks are matched by
+    inode), a directory in which anything changed since it was judged
+    (``skipped``, nothing inside removed).
+    """
     try:
         now = os.stat(item.name, dir_fd=item.dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        item.verdict, item.why = "vanished", "gone before it was removed"
-        return
+        return "vanished", "gone before it was removed"
     except OSError as exc:
-        item.verdict, item.why = "error", exc.strerror or str(exc)
-        return
+        return "error", exc.strerror or str(exc)
     if item.st is None:
         # Found by its directory entry: it must still be that inode, and a regular file.
         same = (now.st_dev, now.st_ino) == item.key and st_mod.S_ISREG(now.st_mode)
@@ -87,19 +95,29 @@ def remove(item: Item) -> None:
     else:
         same = _same(now, item.st)
     if not same:
-        item.verdict, item.why = "skipped", "changed since it was judged (another file under this name, or written to); left alone"
-        return
+        return "skipped", "changed since it was judged (another file under this name, or written to); left alone"
     if item.kind != "dirs" and now.st_nlink > 1:
-        # Another name for it may be the one a process opened: only the maps and locks were matched by inode.
-        item.verdict, item.why = "skipped", f"has {now.st_nlink} hard links; left alone"
+        return "skipped", f"has {now.st_nlink} hard links; left alone"
+    if item.kind == "dirs":
+        try:
+            _rmtree(item.dir_fd, item.name, item, delete=False)
+        except Changed as exc:
+            return "skipped", f"changed since it was judged ({exc}); left alone"
+        except FileNotFoundError:
+            return "vanished", "gone before it was removed"
+        except OSError as exc:
+            return "error", exc.strerror or str(exc)
+    return None
+
+
+def remove(item: Item) -> None:
+    """Remove one orphaned item if :func:`decide` lets it go; set its verdict to removed, vanished, skipped or error."""
+    kept = decide(item)
+    if kept is not None:
+        item.verdict, item.why = kept
         return
     try:
         if item.kind == "dirs":
-            try:
-                _rmtree(item.dir_fd, item.name, item, delete=False)
-            except Changed as exc:
-                item.verdict, item.why = "skipped", f"changed since it was judged ({exc}); left alone"
-                return
             _rmtree(item.dir_fd, item.name, item, delete=True)
         else:
             os.unlink(item.name, dir_fd=item.dir_fd)
@@ -112,17 +130,19 @@ def remove(item: Item) -> None:
         item.verdict, item.why = "error", exc.strerror or str(exc)
 
 
-def remove_all(items: list[Item]) -> None:
-    """Remove orphaned items, one after the other.
+def remove_all(items: list[Item], check_mode: bool = False) -> None:
+    """Remove orphaned items, one after the other; in check mode, only decide each (:func:`decide`), so that the
+    items that would stay are reported as staying, with why.
 
     Directories go last, after the files: a file a glob matched inside a directory another glob matched is
     then reported as removed by its own glob, and the directory's removal finds it gone. One thread: unlinks
     in one directory take that directory's lock in turn, and more threads only added their own cost (9 000
     files in /dev/shm on a 16-CPU H200 node: 66 ms with one thread, 91 ms with two, 130 ms with four).
     """
-    for item in items:
-        if item.kind != "dirs":
+    for item in sorted(items, key=lambda i: i.kind == "dirs"):
+        if not check_mode:
             remove(item)
-    for item in items:
-        if item.kind == "dirs":
-            remove(item)
+            continue
+        kept = decide(item)
+        if kept is not None:
+            item.verdict, item.why = kept

@@ -181,11 +181,23 @@ class Item:
     def record(self) -> dict[str, t.Any]:
         st = self.stat()
         rec: dict[str, t.Any] = {"path": self.path, "kind": self.kind, "bytes": self.nbytes, "uid": st.st_uid if st else None, "container": self.vmid}
+        if not self.path.isascii() and not is_utf8(self.path):
+            # The module's ending writes each byte that is not UTF-8 as \xNN (_module.text); say that it did.
+            rec["path_escaped"] = True
         if self.holders:
             rec["holders"] = self.holders
         if self.why:
             rec["why"] = self.why
         return rec
+
+
+def is_utf8(name: str) -> bool:
+    """Whether a name read from the file system is valid UTF-8 (else it holds surrogate escapes of its bytes)."""
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 @dataclass

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from support.threads import THREAD_HOLDER
 
 HOLDER = textwrap.dedent(
     """
@@ -46,6 +47,14 @@ def start_ready():
     for p in procs:
         p.kill()
         p.wait()
+
+
+@pytest.fixture
+def thread_hold(start_ready):
+    """Start a process one of whose threads (not the main one) holds ``path``: ``files`` (an fd in its own file
+    table), ``files-bind`` (a unix socket bound in its own file table), ``fs`` (its own working directory),
+    ``exit-fd`` and ``exit-map`` (open or mapped, the main thread exited)."""
+    return lambda mode, path: start_ready(THREAD_HOLDER, mode, str(path))
 
 
 @pytest.fixture

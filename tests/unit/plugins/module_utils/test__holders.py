@@ -130,3 +130,36 @@ def test_zombies_are_seen_without_signalling_anything() -> None:
         assert (pid, os.getpid()) in [(z[0], z[1]) for z in scan.zombies]
     finally:
         os.waitpid(pid, 0)
+
+
+def test_every_thread_counts_and_a_process_whose_main_thread_exited_is_alive(tmp_path: Path, thread_hold) -> None:
+    """What each task has open, mapped or as its working directory, not only the main thread's."""
+    files = {mode: tmp_path / mode for mode in ("files", "exit-fd", "exit-map")}
+    for f in files.values():
+        f.write_bytes(b"\0" * 4096)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    procs = {mode: thread_hold(mode, path) for mode, path in [*files.items(), ("fs", workdir)]}
+    for mode in ("exit-fd", "exit-map"):
+        status = Path(f"/proc/{procs[mode].pid}/status").read_text()
+        assert "State:\tZ (zombie)" in status and "Threads:\t2" in status
+    # The main threads hold none of them.
+    assert not any(os.readlink(f"/proc/{procs['files'].pid}/fd/{fd}") == str(files["files"]) for fd in os.listdir(f"/proc/{procs['files'].pid}/fd"))
+    assert os.readlink(f"/proc/{procs['fs'].pid}/cwd") != str(workdir)
+    watch = _holders.Watch(keys={key(f) for f in files.values()}, names=set(files), cwd_keys={key(workdir)})
+    for workers in (1, 2):
+        scan = _holders.scan(watch, workers=workers)
+        held = {k: sorted((h.pid, h.how) for h in v) for k, v in scan.holds.items()}
+        assert held[key(files["files"])] == [(procs["files"].pid, "fd")]
+        assert held[key(files["exit-fd"])] == [(procs["exit-fd"].pid, "fd")]
+        assert (procs["exit-map"].pid, "mmap") in held[key(files["exit-map"])]
+        assert held[key(workdir)] == [(procs["fs"].pid, "cwd")]
+        assert not {procs["exit-fd"].pid, procs["exit-map"].pid} & {z[0] for z in scan.zombies}, "a living process reported as a zombie"
+
+
+def test_a_socket_bound_in_a_threads_own_file_table_has_its_owner(tmp_path: Path, thread_hold) -> None:
+    path = tmp_path / "ipc.sock"
+    proc = thread_hold("files-bind", path)
+    [inode] = [i for i, p in _holders.read_unix(proc.pid) if p == str(path)]
+    scan = _holders.scan(_holders.Watch(sockets={inode}, netns=True), workers=1)
+    assert scan.socket_owners[inode] == [proc.pid]

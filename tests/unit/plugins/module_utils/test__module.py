@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from ansible.module_utils._internal import _traceback
@@ -99,3 +100,27 @@ def test_failing_through_the_module_itself_still_carries_a_reason(capsys) -> Non
     # A body that calls fail_json itself (it should raise instead) is still in the contract: internal_error by default.
     code, result = finish(capsys, lambda m: m.fail_json(msg="forgot its reason"))
     assert (code, result["reason"], result["msg"]) == (1, "internal_error", "forgot its reason")
+
+
+def test_names_that_are_not_utf8_leave_as_escaped_text_in_results_and_failures(capsys, tmp_path) -> None:
+    """A file name and a command's output as Python and Ansible decode them (surrogate escapes); the result arrives."""
+    raw = bytes(tmp_path) + b"/nccl-\xff\xfe"
+    open(raw, "w").close()
+    [name] = os.listdir(tmp_path)  # the file system's own decoding: surrogate escapes
+    assert name == "nccl-\udcff\udcfe"
+    code, result = finish(capsys, lambda m: {"changed": True, "removed": [{"path": name}], name: [name], "msg": f"removed {name}"})
+    assert code == 0
+    assert result["removed"] == [{"path": "nccl-\\xff\\xfe"}] and result["nccl-\\xff\\xfe"] == ["nccl-\\xff\\xfe"]
+    assert result["msg"] == "removed nccl-\\xff\\xfe"
+
+    def failing(_m):
+        raise CleanSlateError(f"cannot remove {name}", reason="remove_failed", errors=[{"path": name}])
+
+    code, result = finish(capsys, failing)
+    assert code == 1 and (result["reason"], result["msg"], result["errors"]) == (
+        "remove_failed",
+        "cannot remove nccl-\\xff\\xfe",
+        [{"path": "nccl-\\xff\\xfe"}],
+    )
+    # Valid text, a lone surrogate and other values are kept as they are, or written out.
+    assert _module.text(["naïve", "\ud800", 3, None, ("a",)]) == ["naïve", "\\ud800", 3, None, ["a"]]

@@ -7,6 +7,7 @@ import os
 import pwd
 import re
 import subprocess
+import sys
 import time
 import typing as t
 from pathlib import Path
@@ -216,3 +217,19 @@ def test_where_keeps_what_it_returns_and_names_the_rest() -> None:
     with pytest.raises(CleanSlateError) as err:
         _procs.apply_where(c.req, _procs.Plan(), survivors)
     assert (err.value.reason, err.value.details["option"]) == ("bad_arguments", "where")
+
+
+def test_a_command_line_and_a_name_that_are_not_utf8_read_as_escaped_text() -> None:
+    """The documented form of every name the modules report: a byte that is not UTF-8 as \\xNN, nothing lost."""
+    script = "import sys, time; open('/proc/self/comm', 'wb').write(b'job-\\xff'); print('ready', flush=True); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", script, b"--model=\xff\xfe"], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        facts = _procs.read_facts(proc.pid)
+        assert facts is not None
+        assert facts.argv[-1] == "--model=\\xff\\xfe" and facts.cmdline.endswith(" --model=\\xff\\xfe")
+        assert facts.comm == "job-\\xff"
+        facts.cmdline.encode("utf-8")  # valid text
+    finally:
+        proc.kill()
+        proc.wait()

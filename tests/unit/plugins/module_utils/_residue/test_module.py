@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import typing as t
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import module, walk
 
@@ -66,3 +68,15 @@ def test_a_uid_nobody_has_is_refused_before_anything_is_removed(tree: Path, requ
     os.chown(tree / "shm" / "nccl-000000", 987650, 987650)
     r = module.run(request_for(tree, users=["987650"]), check_mode=False)
     assert [x["path"] for x in r["removed"]] == [f"{tree}/shm/nccl-000000"]
+
+
+def test_a_name_that_is_not_utf8_is_removed_and_reported_escaped(tree: Path, request_for: t.Callable[..., module.Request]) -> None:
+    """Anyone can make such a name in /dev/shm; the result must still carry it (the module's ending escapes it)."""
+    raw = os.fsencode(tree / "shm") + b"/nccl-\xff\xfe\n"
+    os.close(os.open(raw, os.O_CREAT | os.O_WRONLY, 0o600))
+    r = _module.text(module.run(request_for(tree), check_mode=False))
+    [record] = [x for x in r["removed"] if x.get("path_escaped")]
+    assert record["path"] == f"{tree}/shm/nccl-\\xff\\xfe\n"
+    assert not os.path.lexists(raw)
+    assert json.loads(json.dumps(r, ensure_ascii=False).encode("utf-8")) == r  # intact as UTF-8 JSON
+    assert f"{tree}/shm/nccl-\\xff\\xfe\n" in r["summary"]["paths"]["removed"]

@@ -37,3 +37,19 @@ def test_a_file_replaced_after_the_judgement_is_left_alone(tree: Path, request_f
             w.close()
         for r in roots:
             os.close(r.fd)
+
+
+def test_check_mode_reports_exactly_what_the_run_does(tree: Path, hold, request_for: t.Callable[..., module.Request]) -> None:
+    """One decision for both: a segment with a second name, held open under that name, stays in both."""
+    os.link(tree / "shm" / "nccl-000001", tree / "other-name")
+    holder = hold("fd", tree / "other-name")
+
+    def outcome(r: dict) -> dict[str, set[tuple[str, str]]]:
+        return {key: {(x["path"], x.get("why", "")) for x in r[key]} for key in ("removed", "held", "stale", "ignored", "errors")}
+
+    predicted = outcome(module.run(request_for(tree), check_mode=True))
+    assert all(os.path.exists(p) for p, _why in predicted["removed"])  # check mode changed nothing
+    done = outcome(module.run(request_for(tree), check_mode=False))
+    assert predicted == done
+    assert (f"{tree}/shm/nccl-000001", "has 2 hard links; left alone") in done["ignored"]
+    assert (tree / "shm" / "nccl-000001").exists() and holder.poll() is None
