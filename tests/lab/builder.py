@@ -21,7 +21,7 @@ picture. In short:
   from the ``/var/lib/lxc/<vmid>/config`` that tests/lab/pvenode.py writes from its Proxmox VE
   configuration as pve-container does: unprivileged ones with PVE's id map (root is uid 100000 on the
   node), a privileged one, GPUs passed through as ``devN`` entries (pre-start and autodev hooks,
-  ``lxc-pve-hook``) or raw ``lxc.mount.entry`` lines; LXC's ``init.lxc`` is its PID 1. ``pct`` on the
+  ``lxc_pve_hook.py``) or raw ``lxc.mount.entry`` lines; LXC's ``init.lxc`` is its PID 1. ``pct`` on the
   node (tests/sim/bin/pct) reaches it with ``lxc-attach``; ct101 has its own sshd on its address.
 
 Everything runs inside ``tools/pidns-run`` (private PID and mount namespaces, private /tmp), so the

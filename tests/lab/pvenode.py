@@ -3,7 +3,7 @@
 pve-container turns ``/etc/pve/nodes/<node>/lxc/<vmid>.conf`` into ``/var/lib/lxc/<vmid>/config``
 (``PVE::LXC::update_lxc_config``) and starts ``lxc-start -n <vmid>``; its pre-start hook makes the
 ``devN`` passthrough nodes under ``/var/lib/lxc/<vmid>/passthrough`` and its autodev hook bind-mounts
-them into the container's ``/dev`` (``lxc-pve-hook`` here, beside this file). This module is the first
+them into the container's ``/dev`` (``lxc_pve_hook.py`` here, beside this file). This module is the first
 half: :func:`lxc_config` writes the LXC configuration from the PVE one, line by line as
 ``update_lxc_config`` does (pve-container 6.1, src/PVE/LXC.pm), and :func:`make_image` makes the
 container's disk (a small root file system whose ``/usr`` is this machine's, see below).
@@ -22,7 +22,7 @@ Where the lab departs from a Proxmox VE node, and why (each is marked ``lab:`` i
   address of ``net0`` is set by LXC, as PVE does with ``host-managed=1``: the image runs no network setup;
 * ``lxc.environment`` carries the simulated driver's address (``GPUSIM_STATE``, ``GPUSIM_DEV_DIR``) into
   the container: what the kernel gives a real driver, the simulated one reads from the environment;
-* the hooks are the lab's (``lxc-pve-hook``), named in the config; PVE's come from its LXC package.
+* the hooks are the lab's (``lxc_pve_hook.py``), named in the config; PVE's come from its LXC package.
 
 The image: ``/usr`` is an overlay of this machine's ``/usr`` with a small upper layer per container (the
 container's own ``/sbin/init``, the simulated driver's library and ``nvidia-smi`` where NVIDIA's
@@ -44,7 +44,8 @@ from typing import Any
 
 from pvesim import parse_conf
 
-HOOK = Path(__file__).resolve().parent / "lxc-pve-hook"
+#: The hooks, as LXC runs them (through sh -c, the vmid, "lxc" and the hook type appended).
+HOOK = f"/usr/bin/python3 -I {Path(__file__).resolve().parent / 'lxc_pve_hook.py'}"
 LXC_CONFIG_PATH = "/usr/share/lxc/config"
 #: PVE's default id map for unprivileged containers (/etc/subuid root:100000:65536).
 ID_BASE, ID_COUNT = 100000, 65536

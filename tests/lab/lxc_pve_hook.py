@@ -1,8 +1,8 @@
-#!/usr/bin/python3 -I
 """pve-container's pre-start and autodev hooks, for the lab's real LXC containers (stdlib only).
 
-LXC runs it as ``lxc-pve-hook <vmid> lxc <pre-start|autodev>`` (``lxc.hook.*`` in the config that
-tests/lab/pvenode.py writes), with ``LXC_ROOTFS_PATH`` and ``LXC_ROOTFS_MOUNT`` set.
+LXC runs it as ``/usr/bin/python3 -I lxc_pve_hook.py <vmid> lxc <pre-start|autodev>`` (``lxc.hook.*`` in
+the config that tests/lab/pvenode.py writes; the node's Debian Python), with ``LXC_ROOTFS_PATH`` and
+``LXC_ROOTFS_MOUNT`` set.
 
 pre-start (real root, in the monitor's private mount namespace: ``lxc.monitor.unshare = 1``), as
 src/lxc-pve-prestart-hook: the container's disk is mounted on ``/var/lib/lxc/<vmid>/rootfs`` (here: the
@@ -128,7 +128,7 @@ def autodev(vmid):
 
 def main(argv):
     if len(argv) < 4 or argv[2] != "lxc":
-        sys.exit("usage: lxc-pve-hook <vmid> lxc <pre-start|autodev>")
+        sys.exit("usage: lxc_pve_hook.py <vmid> lxc <pre-start|autodev>")
     vmid, kind = argv[1], argv[3]
     if not vmid.isdigit():
         sys.exit(f"got strange vmid '{vmid}'")
