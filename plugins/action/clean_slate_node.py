@@ -8,8 +8,17 @@ The role's phases stay visible as tags (``--tags clean_slate_verify``, ``--skip-
 but they run in one task: a task carrying every phase's tags would be skipped whole by ``--skip-tags`` of any
 one of them. So the task is tagged ``always`` and this plugin decides each phase as Ansible decides a task:
 the phase's own tags plus those the task inherits (an including task, its ``apply``, a block), against
-``ansible_run_tags`` and ``ansible_skip_tags``. A playbook run for other tags (``--tags nginx``) selects no
-phase, and nothing runs on the host.
+``ansible_run_tags`` and ``ansible_skip_tags``.
+
+* A run for other tags (``--tags nginx``) is not about the clean: nothing runs and the result says
+  ``in_run: false``.
+* A run that asks for the clean but selects no phase (``--skip-tags clean_slate``) runs nothing either, but it is
+  in the run: its host is not proven clean. With ``metrics`` the module still runs, only to record that.
+* The result says ``module_failed`` when the module failed (also when the task's ``failed_when`` says otherwise).
+* A ``stop`` (the role refused the host) runs the module only to write its ``metrics``; without them the plugin
+  answers itself, and nothing reaches the host.
+* ``python`` runs the module with that interpreter (the role's virtual environment), unless an extra variable
+  sets ``ansible_python_interpreter``, which wins over anything a role says, as Ansible's precedence has it.
 """
 
 from __future__ import annotations
@@ -17,8 +26,9 @@ from __future__ import annotations
 import typing as t
 
 from ansible.plugins.action import ActionBase
+from ansible.utils.vars import load_extra_vars
 
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _phases
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _phases
 
 
 class ActionModule(ActionBase):
@@ -31,13 +41,41 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
-        inherited = set(self._task.tags or []) - {"always"}
-        chosen = _phases.selected(inherited, task_vars.get("ansible_run_tags", ["all"]), task_vars.get("ansible_skip_tags", []))
+        python = args.pop("python", None)
+        # The task's own phase tags (shown by --list-tasks) are not inherited ones: each phase is judged with its own.
+        inherited = set(self._task.tags or []) - {"always"} - _phases.ALL_TAGS
+        only, skip = task_vars.get("ansible_run_tags", ["all"]), task_vars.get("ansible_skip_tags", [])
+        if not _phases.in_run(inherited, only):
+            result.update(skipped=True, changed=False, in_run=False, phases=[], msg="the run's --tags do not ask for the clean slate")
+            return result
+        stop = args.get("stop")
+        if isinstance(stop, dict) and (not args.get("metrics") or self._task.check_mode):
+            # A host the role stopped before the clean, with no metrics to write there: nothing to run on it.
+            result.update(changed=False, failed=True, module_failed=True, in_run=True, phases=[], **stop)
+            return result
+        chosen = _phases.selected(inherited, only, skip)
         given = args.get("phases")
         # The task's own phases (when given) are the most it may run; the tags choose among them.
-        args["phases"] = [p for p in chosen if given is None or (isinstance(given, list) and p in given)] if given is None or isinstance(given, list) else given
-        if not args["phases"]:
-            result.update(skipped=True, changed=False, phases=[], msg="no phase of the clean slate is selected by --tags/--skip-tags")
+        if given is None or isinstance(given, list):
+            args["phases"] = [p for p in chosen if given is None or p in given]
+        if not args["phases"] and not args.get("stop") and not args.get("metrics"):
+            result.update(skipped=True, changed=False, in_run=True, phases=[], msg="no phase of the clean slate is selected by --tags/--skip-tags")
             return result
-        result.update(self._execute_module(module_name="gpuops.clean_slate.clean_slate_node", module_args=args, task_vars=task_vars))
+        result.update(self._execute_module(module_name="gpuops.clean_slate.clean_slate_node", module_args=args, task_vars=self._with_python(task_vars, python)))
+        # Kept whatever the task's failed_when says (the role registers the run with failed_when: false and fails the
+        # host once, after its record): the module failed, by its own reason or by Ansible's (no Python, MODULE FAILURE).
+        result.update(in_run=True, module_failed=bool(result.get("failed")))
         return result
+
+    def _with_python(self, task_vars: dict[str, t.Any], python: t.Any) -> dict[str, t.Any]:
+        """The task's variables with ``python`` as the module's interpreter (on the delegate, when delegated)."""
+        if not python or "ansible_python_interpreter" in load_extra_vars(self._loader):
+            return task_vars
+        out = dict(task_vars)
+        delegate = self._task.delegate_to
+        delegated = task_vars.get("ansible_delegated_vars")
+        if delegate and isinstance(delegated, dict) and delegate in delegated:
+            out["ansible_delegated_vars"] = dict(delegated, **{delegate: dict(delegated[delegate], ansible_python_interpreter=python)})
+        else:
+            out["ansible_python_interpreter"] = python
+        return out

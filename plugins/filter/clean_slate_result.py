@@ -2,30 +2,177 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The clean_slate_result filter: the role's per-host result, built in Python (plugins/plugin_utils/_result.py says how)."""
+"""The clean_slate role's filters: its per-host result, the set_stats entry, the refusal of its variables and the
+restore phase's options (the documentation of each is in the .yml file of its name beside this one)."""
 
 from __future__ import annotations
 
+import difflib
+import functools
+import json
+import os
+import re
 import typing as t
 
+import yaml  # type: ignore[import-untyped]  # no stubs installed
 from ansible.errors import AnsibleFilterError
+from ansible.parsing.splitter import parse_kv
 
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _result
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _outcome, _reasons
+
+#: Variables named clean_slate_* that are not options of the role but that users and the role set legitimately: the
+#: playbook's host pattern, the role's result and the reading its hook sees.
+NOT_OPTIONS = frozenset({"clean_slate_hosts", "clean_slate_result", "clean_slate_preflight"})
+#: clean_slate_node's option sections whose values the role's tasks write out from its variables.
+SECTIONS = ("verify", "kill", "residue", "restore", "metrics")
+_VARIABLE = re.compile(r"(?<![A-Za-z0-9_])clean_slate_[a-z_]+")
 
 
-def _check(steps: t.Any, context: t.Any) -> None:
-    if not isinstance(steps, (list, tuple)) or not all(isinstance(s, (list, tuple)) and len(s) == 4 for s in steps):
-        raise AnsibleFilterError("clean_slate_result: the input must be a list of [phase, name, result, default reason]")
-    if not isinstance(context, dict):
+@functools.lru_cache(maxsize=8)
+def role_spec(role_path: str) -> dict[str, t.Any]:
+    """The options of the role's entry point ``main`` (meta/argument_specs.yml), read once per process."""
+    try:
+        with open(os.path.join(role_path, "meta", "argument_specs.yml"), encoding="utf-8") as f:
+            data = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError) as exc:
+        raise AnsibleFilterError(f"the role's argument spec under {role_path} could not be read: {exc}") from exc
+    return dict(data["argument_specs"]["main"]["options"])
+
+
+@functools.lru_cache(maxsize=8)
+def option_variables(role_path: str) -> dict[str, str]:
+    """Each clean_slate_node option the role's tasks (tasks/main.yml) write out from a role variable, as
+    ``<section>.<option>`` (or the top-level option) -> the first clean_slate_* variable its value names."""
+    try:
+        with open(os.path.join(role_path, "tasks", "main.yml"), encoding="utf-8") as f:
+            tasks = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError):
+        return {}
+    out: dict[str, str] = {}
+
+    def walk(items: t.Any) -> None:
+        for task in items or []:
+            if not isinstance(task, dict):
+                continue
+            for key in ("block", "rescue", "always"):
+                walk(task.get(key))
+            args = task.get("gpuops.clean_slate.clean_slate_node")
+            if not isinstance(args, dict):
+                continue
+            for option, value in args.items():
+                if isinstance(value, dict):
+                    for sub, text in value.items():
+                        found = _VARIABLE.search(str(text))
+                        if found:
+                            out.setdefault(f"{option}.{sub}", found.group(0))
+                else:
+                    found = _VARIABLE.search(str(value))
+                    if found:
+                        out.setdefault(str(option), found.group(0))
+
+    walk(tasks)
+    return out
+
+
+def clean_slate_result(run: t.Any, context: t.Any = None) -> dict[str, t.Any]:
+    """The role's per-host result from clean_slate_node's registered run (see clean_slate_result.yml)."""
+    if not isinstance(run, dict):
+        raise AnsibleFilterError("clean_slate_result: the input must be clean_slate_node's registered result (a dictionary)")
+    if context is not None and not isinstance(context, dict):
         raise AnsibleFilterError("clean_slate_result: the context must be a dictionary")
+    ctx = dict(context or {})
+    role_path = ctx.pop("role_path", None)
+    if role_path:
+        ctx["option_vars"] = option_variables(str(role_path))
+    records = {"error": ctx.pop("error", None) or {}, "report": ctx.pop("report", None) or {}}
+    error = records["error"]
+    if isinstance(error, dict) and error.get("phase") == "before_kill":
+        # One of the user's tasks before the kill failed: nothing was ended.
+        records["error"] = {}
+        run = {**error, "phase": "before_kill", "reason": _reasons.BEFORE_KILL_FAILED, "msg": f"{error.get('msg', '')}. Nothing was ended."}
+    mode = str(ctx.get("mode") or "local")
+    return _outcome.result(_outcome.steps(_outcome.phase_results(run, mode), records), ctx)
 
 
-def clean_slate_result(steps: t.Any, context: t.Any) -> dict[str, t.Any]:
-    """The role's per-host result (clean_slate_result) from its phases' registered results."""
-    _check(steps, context)
-    return _result.result(steps, context)
+def clean_slate_published(result: t.Any) -> dict[str, t.Any]:
+    """The host's set_stats entry: its result without the per-GPU and per-process lists."""
+    if not isinstance(result, dict):
+        raise AnsibleFilterError("clean_slate_published: the input must be clean_slate_result")
+    return _outcome.published(result)
+
+
+_WANT = {
+    "float": "a number",
+    "int": "an integer",
+    "bool": "true or false",
+    "list": "a list (or text such as a,b)",
+    "dict": "a dictionary (or text such as key=value)",
+    "str": "a string",
+    "path": "a path",
+}
+_GOT = {"str": "text", "int": "an integer", "float": "a number", "bool": "a boolean", "list": "a list", "dict": "a dictionary"}
+_CONVERT = re.compile(r"^argument '(?P<name>[^']+)' is of type (?P<got>\S+) and we were unable to convert to (?P<want>\w+)")
+
+
+def _sentence(message: str) -> str:
+    """Ansible's argument-spec message as a sentence that names the variable without Python's internal types."""
+    m = _CONVERT.match(message)
+    if m:
+        got = _GOT.get(m.group("got"), m.group("got"))
+        return f"{m.group('name')} must be {_WANT.get(m.group('want'), m.group('want'))}; the value given is {got} that cannot be read as one."
+    message = re.sub(r"<class '[^']*'>", "the value", message).strip()
+    return message if message.endswith(".") else message + "."
+
+
+def role_refusals(spec_result: t.Any, names: t.Any, role_path: t.Any) -> list[str]:
+    """One sentence per refused role variable (see role_refusals.yml)."""
+    spec = role_spec(str(role_path))
+    out = [_sentence(str(e)) for e in (spec_result or {}).get("argument_errors") or []] if isinstance(spec_result, dict) else []
+    known = set(spec) | NOT_OPTIONS
+    # Compared without the prefix every name shares, which would make any two names look alike.
+    stems = {k[len("clean_slate_") :]: k for k in known}
+    for name in sorted({str(n) for n in names or []} - known):
+        near = difflib.get_close_matches(name[len("clean_slate_") :], sorted(stems), n=1, cutoff=0.6)
+        hint = f" (did you mean {stems[near[0]]}?)" if near else ""
+        out.append(
+            f"{name} is not a variable of the gpuops.clean_slate.clean_slate role{hint}: rename or remove it"
+            " (ansible-doc -t role gpuops.clean_slate.clean_slate lists them)."
+        )
+    return out
+
+
+def _parsed(value: str) -> t.Any:
+    text = value.strip()
+    if text.startswith(("{", "[")):
+        try:
+            return json.loads(text)
+        except ValueError:
+            try:
+                return yaml.safe_load(text)
+            except yaml.YAMLError:
+                return value
+    return value
+
+
+def restore_options(value: t.Any, gpus: t.Any) -> dict[str, t.Any]:
+    """clean_slate_restore as gpu_mode_restore's options: the keys it declares, the GPUs the role verifies by default;
+    {} when it declares nothing. Text (an AWX survey answer, -e clean_slate_restore=compute_mode=default, JSON) is read
+    as the argument spec reads it."""
+    if value in (None, "", {}):
+        return {}
+    if isinstance(value, str):
+        parsed = _parsed(value)
+        value = parsed if isinstance(parsed, dict) else parse_kv(value)
+    if not isinstance(value, dict):
+        raise AnsibleFilterError(f"clean_slate_restore must be a dictionary such as {{compute_mode: default, mps: stopped}}, got {value!r}")
+    return {"gpus": gpus, **{str(k): v for k, v in value.items() if v is not None}} if value else {}
 
 
 class FilterModule:
     def filters(self) -> dict[str, t.Callable[..., t.Any]]:
-        return {"clean_slate_result": clean_slate_result}
+        return {
+            "clean_slate_result": clean_slate_result,
+            "clean_slate_published": clean_slate_published,
+            "role_refusals": role_refusals,
+            "restore_options": restore_options,
+        }

@@ -36,6 +36,13 @@ stops at the first phase that fails; the module then fails with that phase's
 ``reason`` and ``msg`` and names it in ``phase``; each phase's result is kept
 under its name (``before``, ``plan``, ``pre_stop``, ``kill``, ``residue``,
 ``restore``, ``verify``), a failed one with ``failed: true``.
+
+With ``metrics``, the host's outcome (_outcome.result, the same the role's
+result filter computes) is written as node_exporter textfile metrics at the
+end of the run, whatever it was; the directory is checked before anything
+runs. With ``stop`` (the role refused the host before the clean: a bad
+variable, dependencies it could not install) no phase runs: the module fails
+with that phase, reason and message, after writing the metrics of it.
 """
 
 from __future__ import annotations
@@ -51,9 +58,12 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
     _checks,
     _kill,
+    _metrics,
     _module,
     _nvml,
+    _outcome,
     _pct,
+    _phases,
     _procs,
     _protection,
     _reasons,
@@ -63,8 +73,10 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import module as residue_module
 
-#: The phases, in the order they run.
-PHASES = ("preflight", "kill", "residue", "restore", "verify")
+PHASES = _phases.PHASES
+#: Where the role may stop a host before any phase, and why (the ``stop`` option).
+STOP_PHASES = _outcome.BEFORE_PHASES
+STOP_REASONS = (_reasons.BAD_VARIABLE, _reasons.MISSING_DEPENDENCIES, _reasons.DEPENDENCY_INSTALL_FAILED)
 #: The readings that fail because the driver cannot be read at all: with kill.allow_name_only they do not stop the kill.
 UNREADABLE = (
     _reasons.LIBRARY_NOT_FOUND,
@@ -86,6 +98,20 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "restore": {"type": "dict", "default": {}},
         "pre_stop": {"type": "list", "elements": "str", "default": []},
         "pre_stop_timeout": {"type": "float", "default": 60},
+        # For the action plugin (the interpreter that runs this module); the module itself ignores it.
+        "python": {"type": "str"},
+        "metrics": {
+            "type": "dict",
+            "options": {"dir": {"type": "path", "required": True}, "host": {"type": "str", "required": True}},
+        },
+        "stop": {
+            "type": "dict",
+            "options": {
+                "phase": {"type": "str", "required": True, "choices": list(STOP_PHASES)},
+                "reason": {"type": "str", "required": True, "choices": list(STOP_REASONS)},
+                "msg": {"type": "str", "required": True},
+            },
+        },
         **_pct.SCOPE_OPTIONS,
     }
 
@@ -132,30 +158,33 @@ def selected_phases(p: t.Mapping[str, t.Any]) -> list[str]:
 def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
     """Every selected phase's options, checked as its own module checks them, before anything runs.
 
-    A refusal names, in ``phase``, the phase whose options were wrong (``arguments`` for the umbrella's own).
+    Every phase's options are checked, so that one refusal names every wrong option at once: its ``phase`` is the
+    first refused phase's (``arguments`` for the umbrella's own), its ``msg`` one sentence per refused phase, and
+    ``refused`` lists each (``phase``, ``option``, ``msg``).
     """
     phases = selected_phases(p)
     scope = {"containers": p["containers"], "pct_path": p["pct_path"]}
     out: dict[str, dict[str, t.Any]] = {}
-    with refused("arguments"):
+    errors: list[CleanSlateError] = []
+    with refused("arguments", errors):
         _checks.number("pre_stop_timeout", p["pre_stop_timeout"], 0, _checks.MAX_SECONDS, low_open=True, unit="seconds")
         for vmid in p["containers"]:
             _checks.vmid("containers", vmid)
         _checks.executable("pct_path", p["pct_path"])
     if "preflight" in phases or "verify" in phases:
-        with refused("preflight" if "preflight" in phases else "verify"):
+        with refused("preflight" if "preflight" in phases else "verify", errors):
             out["verify"] = phase_params("verify", _verify.argument_spec(), p["verify"])
             _verify.validate(out["verify"])
-        # The before picture: one reading, judged but never failed for being dirty, without the count check.
-        out["preflight"] = {**out["verify"], "timeout": 0.0, "fail_on_dirty": False, "expected_count": None}
-        if "health" in out["preflight"]:
-            # The health verdict is the verify phase's (after the kill, when the job's Xids are in the log).
-            out["preflight"]["health"] = False
-        if "cuda_probe" in out["preflight"]:
-            # A CUDA start proves the GPUs the kill and the residue left: the verify phase's, never the before picture's.
-            out["preflight"]["cuda_probe"] = False
+            # The before picture: one reading, judged but never failed for being dirty, without the count check.
+            out["preflight"] = {**out["verify"], "timeout": 0.0, "fail_on_dirty": False, "expected_count": None}
+            if "health" in out["preflight"]:
+                # The health verdict is the verify phase's (after the kill, when the job's Xids are in the log).
+                out["preflight"]["health"] = False
+            if "cuda_probe" in out["preflight"]:
+                # A CUDA start proves the GPUs the kill and the residue left: the verify phase's, never the before picture's.
+                out["preflight"]["cuda_probe"] = False
     if "kill" in phases:
-        with refused("kill"):
+        with refused("kill", errors):
             k = out["kill"] = {**phase_params("kill", _kill.argument_spec(), p["kill"]), **scope}
             _kill.validate(k)
             _nvml.parse_gpu_selectors(k["gpus"])
@@ -166,24 +195,33 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
         # Imported only when the (opt-in) phase runs: every module run pays for what it imports (issue 13).
         from ansible_collections.gpuops.clean_slate.plugins.module_utils import _restore  # pylint: disable=import-outside-toplevel
 
-        with refused("restore"):
+        with refused("restore", errors):
             out["restore"] = phase_params("restore", _restore.argument_spec(), p["restore"])
             _restore.validate(out["restore"])
     if "residue" in phases:
-        with refused("residue"):
+        with refused("residue", errors):
             r = out["residue"] = {**phase_params("residue", residue_module.argument_spec(), p["residue"]), **scope}
             residue_module.build_request(r, list)  # checks every option; the containers are looked up when it runs
+    if errors:
+        first = errors[0]
+        if len(errors) == 1:
+            raise first
+        each = [{"phase": e.details.get("phase"), "option": e.details.get("option"), "msg": e.msg} for e in errors]
+        raise CleanSlateError(" ".join(e.msg for e in errors), reason=_reasons.BAD_ARGUMENTS, **{**first.details, "refused": each})
     return out
 
 
 @contextlib.contextmanager
-def refused(phase: str) -> t.Iterator[None]:
-    """A :class:`CleanSlateError` raised inside names ``phase`` (whose options were refused)."""
+def refused(phase: str, errors: list[CleanSlateError] | None = None) -> t.Iterator[None]:
+    """A :class:`CleanSlateError` raised inside names ``phase`` (whose options were refused); collected into ``errors``
+    when given (the checks go on with the next phase), else raised."""
     try:
         yield
     except CleanSlateError as exc:
         exc.details.setdefault("phase", phase)
-        raise
+        if errors is None:
+            raise
+        errors.append(exc)
 
 
 def read_ok(before: dict[str, t.Any]) -> bool:
@@ -295,28 +333,62 @@ class Stop(Exception):
 
 
 def run(module: t.Any) -> dict[str, t.Any]:
-    """The clean_slate_node module: the selected phases in order, stopping at the first failure."""
+    """The clean_slate_node module: the selected phases in order, stopping at the first failure; then the metrics."""
     start = time.monotonic()
     started = datetime.datetime.now()
     p = module.params
-    phases = selected_phases(p)
-    params = selected_params(p)
-    out: dict[str, t.Any] = {"changed": False, "phases": phases, "python": _verify.python_facts()}
-    try:
-        steps(module, p, phases, params, out)
-    except Stop as stop:
-        failure = stop.result
-        why = failure.get("reason")  # every phase's failure carries its reason (the modules' one failure shape)
-        out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase=stop.phase)
-        out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue", "restore")) or bool(out.get("pre_stop"))
-        raise CleanSlateError(failure.get("msg", ""), reason=why or _reasons.INTERNAL_ERROR, **out) from None
-    out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase="done")
+    metrics = p["metrics"]
+    if metrics:
+        why = _metrics.directory_problem(metrics["dir"])
+        if why:
+            raise CleanSlateError(f"metrics.dir: {why}", reason=_reasons.BAD_ARGUMENTS, option="metrics.dir", phase="arguments")
+    out: dict[str, t.Any] = {"changed": False, "phases": [], "python": _verify.python_facts()}
+    failure: dict[str, t.Any] = {}
+    if p["stop"]:
+        # The role stopped this host before the clean; the run only records it.
+        failure = dict(p["stop"])  # its phase, reason and msg
+    else:
+        phases = out["phases"] = selected_phases(p)
+        params = selected_params(p)
+        try:
+            steps(module, p, phases, params, out)
+        except Stop as stop:
+            cause = stop.result.get("reason")  # every phase's failure carries its reason (the modules' one failure shape)
+            failure = {"phase": stop.phase, "reason": cause or _reasons.INTERNAL_ERROR, "msg": stop.result.get("msg", "")}
+    out.update(elapsed_s=round(time.monotonic() - start, 4), start=str(started), end=str(datetime.datetime.now()), phase=failure.get("phase", "done"))
     out["changed"] = any(out.get(n, {}).get("changed") for n in ("kill", "residue", "restore")) or any(r.get("changed") for r in out.get("pre_stop", []))
-    diffs = [out[n]["diff"] for n in ("kill", "residue", "restore") if isinstance(out.get(n), dict) and "diff" in out[n]]
-    if diffs:
-        out["diff"] = diffs
-    out["msg"] = "; ".join(f"{n}: {out[n]['msg']}" for n in ("before", "kill", "residue", "restore", "verify") if out.get(n, {}).get("msg"))
+    if not failure:
+        diffs = [out[n]["diff"] for n in ("kill", "residue", "restore") if isinstance(out.get(n), dict) and "diff" in out[n]]
+        if diffs:
+            out["diff"] = diffs
+        out["msg"] = "; ".join(f"{n}: {out[n]['msg']}" for n in ("before", "kill", "residue", "restore", "verify") if out.get(n, {}).get("msg"))
+    if metrics and not module.check_mode:
+        written = write_metrics(p, {**out, **failure}, metrics, time.monotonic() - start)
+        out["metrics"] = written
+        if written.get("failed") and not failure:
+            failure = {"phase": "report", "reason": _reasons.METRICS_NOT_WRITTEN, "msg": written["msg"]}
+            out["phase"] = "report"
+    if failure:
+        msg, why = failure["msg"], failure["reason"]
+        raise CleanSlateError(msg, reason=why, **{k: x for k, x in out.items() if k != "msg"})
     return out
+
+
+def write_metrics(p: t.Mapping[str, t.Any], run: dict[str, t.Any], metrics: t.Mapping[str, t.Any], seconds: float) -> dict[str, t.Any]:
+    """The host's outcome as the role computes it, written as node_exporter textfile metrics; what was written, or why not."""
+    target = _metrics.path(metrics["dir"], metrics["host"])
+    ctx = {
+        "host": metrics["host"],
+        "mode": "hypervisor" if p["containers"] else "local",
+        "fail_on_dirty": bool((p["verify"] or {}).get("fail_on_dirty", True)),
+        "health_fail_on": (p["verify"] or {}).get("fail_on"),
+    }
+    r = _outcome.result(_outcome.steps(_outcome.phase_results(run, ctx["mode"])), ctx)
+    try:
+        _metrics.write(target, _metrics.text(r, metrics["host"], seconds, time.time()))
+    except OSError as exc:
+        return {"failed": True, "path": target, "msg": f"could not write the metrics file {target}: {exc}"}
+    return {"path": target, "clean": r["clean"]}
 
 
 def steps(module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: dict[str, dict[str, t.Any]], out: dict[str, t.Any]) -> None:

@@ -93,6 +93,34 @@ PORT_TIME_WAIT = "port_time_wait"
 REMOVE_FAILED = "remove_failed"
 SCAN_INCOMPLETE = "scan_incomplete"
 
+# ---------------------------------------------------------------------- the role (gpuops.clean_slate.clean_slate)
+# A host's result (``clean_slate_result.reason``) is a module's reason, a GPU's diagnosis, or one of these.
+#: A role variable was refused (the argument spec, an unknown clean_slate_* name, a value the modules refuse).
+BAD_VARIABLE = "bad_variable"
+#: The modules' Python lacks nvidia-ml-py, psutil or jmespath, and the role was not asked to install them.
+MISSING_DEPENDENCIES = "missing_dependencies"
+#: clean_slate_install_dependencies could not make the virtual environment or install into it.
+DEPENDENCY_INSTALL_FAILED = "dependency_install_failed"
+#: One of the user's clean_slate_before_kill_tasks failed (the GPUs were read; nothing was ended).
+BEFORE_KILL_FAILED = "before_kill_failed"
+#: The preflight could not read the GPUs (Ansible failed the module run: no Python there, a module failure).
+GPUS_UNREADABLE = "gpus_unreadable"
+#: The kill's plan, taken before the pre-stop commands, failed.
+PRE_STOP_FAILED = "pre_stop_failed"
+#: A phase failed without a reason of its own (a task Ansible failed).
+KILL_FAILED = "kill_failed"
+RESIDUE_FAILED = "residue_failed"
+#: The node_exporter textfile could not be written on the node.
+METRICS_NOT_WRITTEN = "metrics_not_written"
+#: The JSON report could not be written on the controller.
+REPORT_NOT_WRITTEN = "report_not_written"
+#: The host (or the hypervisor of a container cleaned through it) did not answer.
+UNREACHABLE = "unreachable"
+#: Processes were ended, or nothing was read, but no verification ran (--tags/--skip-tags left it out).
+NOT_VERIFIED = "not_verified"
+#: Every read GPU is clean but fewer are visible than clean_slate_expected_gpus.
+TOO_FEW_GPUS = "too_few_gpus"
+
 # ---------------------------------------------------------------------- per-GPU diagnoses
 # gpu_mem_verify's gpus[].diagnosis; the role reports the first dirty GPU's as its verify reason.
 CLEAN = "clean"
@@ -160,6 +188,23 @@ DIAGNOSES = (
     *STARTABILITY,
 )
 
+#: The role's own reasons (the others of a host's result are its modules' reasons and the GPUs' diagnoses).
+ROLE = (
+    BAD_VARIABLE,
+    MISSING_DEPENDENCIES,
+    DEPENDENCY_INSTALL_FAILED,
+    BEFORE_KILL_FAILED,
+    GPUS_UNREADABLE,
+    PRE_STOP_FAILED,
+    KILL_FAILED,
+    RESIDUE_FAILED,
+    METRICS_NOT_WRITTEN,
+    REPORT_NOT_WRITTEN,
+    UNREACHABLE,
+    NOT_VERIFIED,
+    TOO_FEW_GPUS,
+)
+
 #: The reasons each module can fail with; each module's RETURN documentation lists exactly these.
 MODULES: dict[str, tuple[str, ...]] = {
     "gpu_procs_kill": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, *CONTAINERS, NO_DISCOVERY_SOURCE, UNKILLABLE, HOLDERS_REMAIN, *NVML),
@@ -186,6 +231,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         SCAN_INCOMPLETE,
         BUSY,
         RESTORE_FAILED,
+        # A run that records why the role stopped the host before any phase (its ``stop`` option), and its metrics.
+        BAD_VARIABLE,
+        MISSING_DEPENDENCIES,
+        DEPENDENCY_INSTALL_FAILED,
+        METRICS_NOT_WRITTEN,
     ),
     "pct_exec": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, COMMAND_FAILED, TIMEOUT),
     "gpu_mode_restore": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, BUSY, RESTORE_FAILED, *NVML),

@@ -98,6 +98,49 @@ options:
     description: Seconds each O(pre_stop) command may take (more than 0).
     type: float
     default: 60
+  metrics:
+    description:
+      - Write the host's outcome as node_exporter textfile metrics (C(clean_slate_<host>.prom) in O(metrics.dir)) at
+        the end of the run, whatever the outcome; the outcome is computed as the C(gpuops.clean_slate.clean_slate_result)
+        filter computes it. Written whole (a temporary file renamed over it), not in check mode.
+      - O(metrics.dir) is checked before any phase runs (an absolute path to a writable directory), so that a mistyped
+        directory refuses the run (V(bad_arguments)) before anything is ended.
+    type: dict
+    suboptions:
+      dir:
+        description: node_exporter's textfile directory (its C(--collector.textfile.directory)) on this host.
+        type: path
+        required: true
+      host:
+        description: The C(host) label of the series (the inventory name).
+        type: str
+        required: true
+  stop:
+    description:
+      - Run no phase; fail with this phase, reason and message (after writing O(metrics)). The
+        C(gpuops.clean_slate.clean_slate) role passes it for a host it refused before the clean (a bad variable,
+        dependencies it could not install), so that the host's metrics say so like any other failure.
+    type: dict
+    suboptions:
+      phase:
+        description: Where the host stopped.
+        type: str
+        required: true
+        choices: [arguments, dependencies]
+      reason:
+        description: Why.
+        type: str
+        required: true
+        choices: [bad_variable, missing_dependencies, dependency_install_failed]
+      msg:
+        description: What to do.
+        type: str
+        required: true
+  python:
+    description:
+      - The interpreter to run this module with on the host (the role's virtual environment), unless an extra variable
+        sets C(ansible_python_interpreter). Read by the action plugin; empty means the host's own.
+    type: str
   containers:
     description:
       - On a Proxmox VE hypervisor, the LXC containers (by vmid) whose processes the kill may end and whose residue is
@@ -193,7 +236,9 @@ reason:
       V(holders_remain)), of M(gpuops.clean_slate.gpu_job_residue) (V(port_in_use), V(port_connected),
       V(port_time_wait), V(remove_failed), V(scan_incomplete)), of M(gpuops.clean_slate.gpu_mode_restore) (V(busy),
       V(restore_failed)), V(not_running), V(no_such_container) or V(pct_failed)
-      (the containers), V(bad_arguments), V(missing_library) or V(internal_error).
+      (the containers), V(bad_arguments), V(missing_library) or V(internal_error); the O(stop) given
+      (V(bad_variable), V(missing_dependencies), V(dependency_install_failed)); V(metrics_not_written) when
+      O(metrics) could not be written.
     - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str
@@ -203,6 +248,10 @@ python:
   returned: always
   type: dict
   sample: {"executable": /usr/bin/python3, "version": 3.11.2, "missing": []}
+metrics:
+  description: The metrics file written (C(path)), or why not (C(failed), C(msg)).
+  returned: when O(metrics) was given and not in check mode
+  type: dict
 elapsed_s:
   description: Seconds the module took, every phase included.
   returned: always

@@ -69,7 +69,7 @@ def test_two_hosts_with_serial_strategy_free_and_linear(two_nodes, tmp_path: Pat
     run = run_playbook(play(**keywords), inventory=inventory(tmp_path, {"host-a": a, "host-b": b}), env=a.env(), wrapper=sb.nsenter_prefix())
     assert run.rc == 0, run.output
     assert not any(w.alive() for w in workers)
-    summaries = {r["host"]: r["result"]["msg"] for r in run.results if r["task"].endswith("Show the summary")}
+    summaries = {h: run.summary(h) for h in ("host-a", "host-b")}
     assert summaries["host-a"].startswith("host-a: 4/4 GPUs clean in ") and "3 processes ended" in summaries["host-a"]
     assert summaries["host-b"].startswith("host-b: 4/4 GPUs clean in ") and "2 processes ended" in summaries["host-b"]
     stats = run.stats["custom"]["_run"]["clean_slate"]
@@ -115,7 +115,7 @@ def test_check_mode_reports_what_would_end_and_ends_nothing(two_nodes, tmp_path:
     assert worker.alive()
     kill = run.phase("kill")
     assert [t["cmdline"] for t in kill["targets"]] == ["sglang::scheduler_TP2"]
-    assert "1 processes would be ended (check mode)" in run.task("Show the summary")["result"]["msg"]
+    assert "1 processes would be ended (check mode)" in run.summary()
     assert os.path.exists(f"/proc/{worker.pid}")
 
 
@@ -138,4 +138,4 @@ def test_the_pre_stop_plan_is_the_kills_own(two_nodes, tmp_path: Path) -> None:
     assert not worker.alive()
     # One module run for every phase, the pre-stop plan and commands included.
     assert len(run.node_runs()) == 1 and [r["result"]["phases"] for r in run.node_runs()] == [["preflight", "kill", "residue", "verify"]]
-    assert [r["action"] for r in run.results if r["action"].startswith("gpuops.") and r["status"] != "skipped"] == ["gpuops.clean_slate.clean_slate_host"] * 2
+    assert [r["action"] for r in run.results if r["action"].startswith("gpuops.") and r["status"] != "skipped"] == ["gpuops.clean_slate.clean_slate_node"]

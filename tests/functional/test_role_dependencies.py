@@ -44,7 +44,7 @@ def assert_red(run: AnsibleRun, host: str, phase: str, reason: str, says: str) -
     entry = artifacts(run)[host]
     assert (entry["clean"], entry["phase"], entry["reason"]) == (False, phase, reason), (host, entry)
     assert says in entry["msg"] and entry["failure"] == entry["msg"], (host, entry["msg"])
-    assert f" - FAILED in {phase} ({reason}): " in run.task("Show the summary", host=host)["result"]["msg"]
+    assert f" - FAILED in {phase} ({reason}): " in run.summary(host)
     assert run.stats["stats"][host]["failures"] == 1, run.stats["stats"][host]
     assert len([line for line in run.stdout.splitlines() if line.startswith(f"fatal: [{host}]: FAILED!")]) == 1, run.stdout
     return entry
@@ -109,7 +109,7 @@ def test_an_offline_host_without_all_the_wheels_fails_in_the_dependencies_phase(
     version = subprocess.run([str(SYSTEM_PYTHON), "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True, check=True)
     assert f"Put wheels of them for Python {version.stdout.strip()} and the architecture of that host into clean_slate_wheels_dir ({wheels})" in entry["msg"]
     # The environment was made with the system python3, the wheels copied; pip read nothing else (--no-index).
-    made = result.task("Make the modules' virtual environment", host="offline")["result"]
+    made = result.task("Make the virtual environment", host="offline")["result"]
     assert made["changed"] is True and made["cmd"][0] == str(SYSTEM_PYTHON), made
     assert (venv / "bin" / "python").exists() and (venv / "wheels" / next(wheels.iterdir()).name).exists()
     assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()  # Debian's python3-psutil would count
@@ -148,7 +148,7 @@ def test_a_python3_without_ensurepip_gets_python3_venv_from_the_package_manager(
     wrapper = [*sb.nsenter_prefix(), "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", hide, "sh"]
     result = run_playbook(plays, inventory=inv, env=n.env(), wrapper=wrapper)
     assert result.rc == 2, result.output
-    probe = json.loads(result.task("Clean the GPUs", host="no-ensurepip")["result"]["clean_slate"]["venv_probe"]["stdout"])
+    probe = json.loads(result.task("Look at the virtual environment", host="no-ensurepip")["result"]["stdout"])
     assert probe["ensurepip"] is False and probe["venv"] == "absent", probe
     package = result.task("Install python3-venv, which python3 -m venv needs", host="no-ensurepip")
     assert package["status"] == "ok" and package["result"]["changed"] is False, package  # installed here: apt did nothing
@@ -167,13 +167,13 @@ def test_check_mode_says_what_it_would_install_and_changes_nothing(node, tmp_pat
     venv = tmp_path / "opt" / "gpuops" / "venv"
     result = run(n, sb, tmp_path, {"dry": deps_vars(n, tmp_path, clean_slate_wheels_dir=str(WHEELS))}, check=True)
     assert result.rc == 2, result.output
-    entry = assert_red(result, "dry", "dependencies", "missing_dependencies", "check mode: the Python at ")
+    entry = assert_red(result, "dry", "dependencies", "missing_dependencies", f"check mode: the virtual environment {venv} on dry is absent.")
     assert (
         f"A real run makes the virtual environment {venv} ({SYSTEM_PYTHON} -m venv), installs nvidia-ml-py, psutil, jmespath into {venv}"
         f" from the wheels in {WHEELS} and reads the GPUs with it" in entry["msg"]
     ), entry["msg"]
     assert entry["msg"].endswith("Nothing was changed.")
-    for task in ("Make the modules' virtual environment", "Copy the wheels of the dependencies"):
+    for task in ("Make the virtual environment", "Copy the wheels of the dependencies"):
         assert result.task(task, host="dry")["result"]["changed"] is True, task  # what it would do
     assert result.task("Install the dependencies into the virtual environment", host="dry")["status"] == "skipped"
     assert not venv.parent.exists(), "check mode made something"

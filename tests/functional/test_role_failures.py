@@ -80,7 +80,7 @@ def artifacts(run: AnsibleRun) -> dict[str, dict[str, Any]]:
 
 
 def summary(run: AnsibleRun, host: str) -> str:
-    return run.task("Show the summary", host=host)["result"]["msg"]
+    return run.summary(host)
 
 
 def fatal_lines(run: AnsibleRun, host: str) -> list[str]:
@@ -100,7 +100,7 @@ def gpuops_tasks(run: AnsibleRun, host: str | None = None) -> list[str]:
         if r["action"].startswith("gpuops.") and r["status"] != "skipped" and host in (None, r["host"]):
             if is_node_run(r):
                 out += [phase for key, phase in PHASE_KEYS if key in r["result"]]
-            elif not r["action"].endswith("clean_slate_host"):  # the role's own steps run no phase themselves
+            elif not r["action"].endswith("clean_slate_node"):  # a run of the role's module that ran no phase
                 out.append(r["task"].split(" : ")[-1])
     return out
 
@@ -338,7 +338,7 @@ def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
     assert_red(run, "deps", "dependencies", "missing_dependencies", "lacks nvidia-ml-py, psutil, jmespath", reports)
     assert_red(run, "pre-stop", "pre_stop", "command_failed", 'a pre-stop command failed on pre-stop ("/bin/false"): exit status 1. Fix it or remove', reports)
     assert "kill" not in gpuops_tasks(run, "pre-stop")
-    assert_red(run, "kill", "kill", "bad_arguments", "clean_slate_where: 'targets[?' is not a valid JMESPath expression", reports)
+    assert_red(run, "kill", "arguments", "bad_variable", "clean_slate_where: 'targets[?' is not a valid JMESPath expression", reports)
     entry = assert_red(run, "verify", "verify", "orphaned_context", "GPU 1", reports)
     assert summary(run, "verify").startswith("verify: 2/3 GPUs clean in ")
     assert entry["after"] == [0, 4096, 0]
@@ -346,9 +346,9 @@ def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
     # published entry says why.
     entry = assert_red(run, "report", "report", "report_not_written", f"could not write the JSON report {blocked}/report.json on the controller: ")
     assert entry["clean_count"] == entry["gpu_count"] == 3
-    assert_red(
-        run, "metrics", "report", "metrics_not_written", f"the directory {tmp_path / 'no-such-dir'} does not exist. Set clean_slate_metrics_dir", reports
-    )
+    # A metrics directory that does not exist is refused before anything runs (not found after the kill).
+    assert_red(run, "metrics", "arguments", "bad_variable", f"clean_slate_metrics_dir: {tmp_path / 'no-such-dir'} does not exist on this host", reports)
+    assert not gpuops_tasks(run, "metrics")
     # Records are written whole: nothing half-written is left beside them.
     assert sorted(p.name for p in reports.iterdir()) == sorted(f"{h}.json" for h in hosts if h != "report")
 
@@ -372,10 +372,13 @@ def test_list_variables_as_survey_strings(three_nodes, tmp_path: Path) -> None:
     for host in ("comma", "yaml"):
         assert artifacts(run)[host]["clean"] is True and artifacts(run)[host]["gpu_count"] == 2, artifacts(run)[host]
     entry = assert_red(
-        run, "numbers", "arguments", "bad_variable", "clean_slate_grace_period must be >= 0, got -1. clean_slate_verify_interval must be > 0, got 0."
+        run, "numbers", "arguments", "bad_variable", "clean_slate_verify_interval must be from 0.001 to 60 seconds, got 0."
     )
+    # Every refused variable at once, each named once, before anything ran.
+    assert "clean_slate_grace_period must be from 0 to 86400 seconds, got -1." in entry["msg"], entry["msg"]
     assert "kill_timeout" not in entry["msg"] and "verify_timeout" not in entry["msg"]
-    entry = assert_red(run, "typo", "arguments", "bad_variable", 'clean_slate_gpus: "one" is not a GPU index, a GPU UUID nor a device path')
+    entry = assert_red(run, "typo", "arguments", "bad_variable", "clean_slate_gpus: 'one' is neither a GPU index, a GPU UUID nor a device path")
+    assert entry["msg"].count("clean_slate_gpus") == 1, entry["msg"]  # the kill's and the verification's GPUs: one variable
     assert not gpuops_tasks(run, "numbers") and not gpuops_tasks(run, "typo")
 
 
@@ -404,9 +407,9 @@ def test_a_variable_the_argument_spec_refuses_is_refused_and_recorded(node, tmp_
     run, reports = run_recorded(n, sb, tmp_path, hosts)
     assert run.rc == 2, run.output
     entry = assert_red(run, "typo", "arguments", "bad_variable", "value of clean_slate_mode must be one of: auto, local, hypervisor, got: sideways.", reports)
-    assert "argument 'clean_slate_include_children' is of type str and we were unable to convert to bool" in entry["msg"], entry["msg"]
-    # The role's own sentence for the variable the spec accepted (a float), after the spec's.
-    assert entry["msg"].index("clean_slate_include_children") < entry["msg"].index("clean_slate_grace_period must be >= 0, got -1.")
+    # Ansible's words, without Python's internal type names.
+    assert "clean_slate_include_children must be true or false; the value given is text that cannot be read as one." in entry["msg"], entry["msg"]
+    assert "<class" not in entry["msg"] and "_AnsibleTagged" not in entry["msg"]
     assert entry["msg"].endswith(" Nothing was changed."), entry["msg"]
     assert not [r for r in run.results if r["task"].startswith("Validating arguments")]
     assert not run.node_runs() and worker.alive()

@@ -54,7 +54,7 @@ def entries(run) -> dict[str, dict[str, Any]]:
 
 
 def summary(run, name: str) -> str:
-    return run.task("Show the summary", host=name)["result"]["msg"]
+    return run.summary(name)
 
 
 def test_the_verdict_is_in_every_record_and_a_host_at_the_threshold_is_red(nodes, tmp_path: Path) -> None:

@@ -75,9 +75,9 @@ def test_the_residue_of_the_killed_job_goes_and_the_port_is_free(site, tmp_path:
     residue = run.phase("residue")
     assert {r["path"] for r in residue["removed"]} == orphans
     assert residue["held"][0]["holders"][0]["name"] == "nv-hostengine"
-    line = run.task("Show the summary")["result"]["msg"]
+    line = run.summary()
     shm_count = len(job.info["shm"]) - 1
-    assert f"4 processes ended (4 TERM, 0 KILL); {shm_count} stale segments and 3 sockets (" in line, line
+    assert f"4 processes ended (4 by TERM, 0 by KILL); {shm_count} stale segments and 3 sockets (" in line, line
     assert f"removed, 1 held by live processes (kept), 2 stale locks and 1 directory reported (removal not enabled), port {port} free" in line, line
     stats = run.stats["custom"]["_run"]["clean_slate"]["gpu-node-1"]
     assert stats["clean"] is True
@@ -91,7 +91,7 @@ def test_the_residue_of_the_killed_job_goes_and_the_port_is_free(site, tmp_path:
     again = run.phase("residue")
     assert again["changed"] is False and again["summary"]["removed"] == 0
     assert [r["result"]["phases"] for r in run.node_runs()] == [["residue", "verify"]]
-    assert "kill" not in run.task("Clean the GPUs")["result"]
+    assert "kill" not in run.role_clean()["result"]
 
 
 def test_a_listener_the_kill_phase_does_not_end_fails_the_host(site, tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_a_listener_the_kill_phase_does_not_end_fails_the_host(site, tmp_path: P
     assert failed["reason"] == "port_in_use", failed
     assert f"port {port} is still listened on by PID {other.ns_pid} (redis-server)" in failed["msg"], failed["msg"]
     assert "stop that service or add a pattern that matches it" in failed["msg"]
-    assert "verify" not in run.task("Clean the GPUs")["result"]  # the run stopped at the residue
+    assert "verify" not in run.role_clean()["result"]  # the run stopped at the residue
     report = json.loads((reports / "gpu-node-1.json").read_text())
     assert report["clean"] is False and report["phase"] == "residue" and report["reason"] == "port_in_use", report
     assert report["residue"]["ports"] == {str(port): "listening"}
@@ -127,5 +127,5 @@ def test_check_mode_removes_nothing_and_says_what_would_go(site, tmp_path: Path)
     assert all(os.path.lexists(inside(sb, p)) for p in everything)
     residue = run.phase("residue")
     assert {r["path"] for r in residue["removed"]} == set(dead.info["shm"] + dead.info["sockets"])
-    line = run.task("Show the summary")["result"]["msg"]
+    line = run.summary()
     assert "would be removed" in line and "processes would be ended (check mode)" in line, line

@@ -49,7 +49,7 @@ def expected_pids(host: Host) -> set[int]:
 
 def result_of(run: AnsibleRun, host: str) -> dict[str, t.Any]:
     """clean_slate_result, the role's per-host result."""
-    return run.task("Summarise the result", host=host)["result"]["ansible_facts"]["clean_slate_result"]
+    return run.clean_slate_result(host)
 
 
 def stats(run: AnsibleRun) -> dict[str, dict[str, int]]:
@@ -208,13 +208,11 @@ def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_n
         assert node.venv is not None and node.address is not None
         sharing = [node.name] + [c.name for c in lab.containers if c.node is node and c.reach == "hypervisor" and c.name in GPU_HOSTS]
         for name in sharing:
-            probe = json.loads(first.task("Clean the GPUs", host=name)["result"]["clean_slate"]["venv_probe"]["stdout"])
+            probe = json.loads(first.task("Look at the virtual environment", host=name)["result"]["stdout"])
             assert (probe["python"], probe["venv"], probe["ensurepip"]) == (SYSTEM_PYTHON, "absent", True), probe
-            before = first.task("Clean the GPUs", host=name)["result"]["before"]
-            assert before["python"]["missing"] == ["nvidia-ml-py", "psutil", "jmespath"], before["python"]
-            assert os.path.realpath(before["python"]["executable"]) == os.path.realpath(SYSTEM_PYTHON)  # Ansible found Debian's
-            again = first.task("Clean the GPUs with the virtual environment", host=name)["result"]["before"]
-            assert again["python"]["executable"] == str(node.venv / "bin" / "python") and again["python"]["missing"] == [], again["python"]
+            # The module ran once, with the environment the role made (not with Debian's python3, which lacks them).
+            ran = first.role_clean(name)["result"]
+            assert ran["python"]["executable"] == str(node.venv / "bin" / "python") and ran["python"]["missing"] == [], ran["python"]
             assert again["python"]["version"] == before["python"]["version"]
             pip = first.task("Install the dependencies into the virtual environment", host=name)["result"]
             assert ("--no-index" in pip["cmd"]) == (name not in ("pve1", "ct102")), pip["cmd"]
@@ -409,7 +407,7 @@ def test_mixed_run_one_green_one_unreadable_one_unreachable(fresh: Lab, tmp_path
         failed = [line for line in run.stdout.splitlines() if line.startswith(f"fatal: [{name}]: FAILED!")]
         assert len(failed) == 1, failed  # each error printed once
     assert json.loads((reports / "pve1.json").read_text())["clean"] is True
-    assert run.task("Clean the GPUs", host="ct101")["status"] == "unreachable"
+    assert run.role_clean("ct101")["status"] == "unreachable"
     # Nothing was ended on the hosts that failed before their kill.
     assert not [r["host"] for r in run.node_runs() if r["host"] != "pve1" and "kill" in r["result"]]
     for name, before in untouched.items():
@@ -472,7 +470,7 @@ def test_bad_variables_fail_before_anything_runs(fresh: Lab, bad: dict[str, t.An
     assert all(task in r["task"] for r in failed), {r["task"] for r in failed}
     assert all(says in r["result"]["msg"] for r in failed), failed[0]["result"]["msg"]
     # Nothing reached a host: no module ran, no pct call, every process and GPU as before.
-    assert not run.node_runs() and not [r for r in run.results if r["action"].startswith("gpuops.") and not r["action"].endswith("clean_slate_host")]
+    assert not run.node_runs() and not [r for r in run.results if r["action"].startswith("gpuops.") and not r["action"].endswith("clean_slate_node")]
     assert {n.name: len(lab.pct_calls(n)) for n in lab.nodes} == calls
     for name in GPU_HOSTS:
         assert_untouched(lab, name, before[name])

@@ -93,7 +93,7 @@ def test_job_template_run_publishes_per_host_artifacts(job) -> None:
     assert data["ended"] == 2 and data["signals"] == {"TERM": 2}
     assert data["summary"].startswith("node1: 2/2 GPUs clean in ")
     assert not any(w.alive() for w in workers)
-    ok = [e for e in events if e.get("event") == "runner_on_ok" and e["event_data"].get("task", "").endswith("Clean the GPUs")]
+    ok = [e for e in events if e.get("event") == "runner_on_ok" and e["event_data"].get("task", "").startswith("Clean the GPUs")]
     assert ok and ok[0]["event_data"]["res"]["changed"] is True and ok[0]["event_data"]["res"]["kill"]["changed"] is True
 
 

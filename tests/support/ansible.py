@@ -74,9 +74,33 @@ class AnsibleRun:
             raise AssertionError(f"task {name!r} has no result; tasks seen: {sorted({r['task'] for r in self.results})}\n{self.output}")
         return found[-1]
 
+    def clean_slate_result(self, host: str | None = None) -> dict[str, Any]:
+        """The role's last ``clean_slate_result`` fact (for ``host``)."""
+        found = [
+            r["result"]["ansible_facts"]["clean_slate_result"]
+            for r in self.results
+            if "clean_slate_result" in ((r.get("result") or {}).get("ansible_facts") or {}) and (host is None or r["host"] == host)
+        ]
+        if not found:
+            raise AssertionError(f"no clean_slate_result for {host}\n{self.output}")
+        return found[-1]
+
+    def summary(self, host: str | None = None) -> str:
+        """The role's summary line of ``host``: what "Show the result" printed for a host that passed, and the last
+        task's message for one that failed."""
+        return str(self.clean_slate_result(host)["summary"])
+
+    def role_clean(self, host: str | None = None) -> dict[str, Any]:
+        """The record of the role's "Clean the GPUs" task (for ``host``): its clean_slate_node run."""
+        found = [r for r in self.results if r["task"].split(" : ")[-1].startswith("Clean the GPUs") and (host is None or r["host"] == host)]
+        if not found:
+            raise AssertionError(f"no 'Clean the GPUs' task for {host}\n{self.output}")
+        return found[-1]
+
     def node_runs(self, host: str | None = None) -> list[dict[str, Any]]:
-        """The results of every execution of gpuops.clean_slate.clean_slate_node (for ``host``): the module's own tasks,
-        and the role's clean step (gpuops.clean_slate.clean_slate_host), which returns the module's result and says whether it failed (module_failed)."""
+        """The results of every execution of gpuops.clean_slate.clean_slate_node on a host (for ``host``): the module's
+        own tasks and the role's, not a task its action plugin answered without running it (tags that select nothing,
+        a refused host with nothing to record on the node)."""
         return [r for r in self.results if is_node_run(r) and (host is None or r["host"] == host)]
 
     def phase(self, name: str, host: str | None = None) -> dict[str, Any]:
@@ -96,12 +120,10 @@ class AnsibleRun:
 
 
 def is_node_run(record: dict[str, Any]) -> bool:
-    """Whether a result record (ours or the GPU harness's) is an execution of gpuops.clean_slate.clean_slate_node."""
-    action = str(record.get("action", ""))
+    """Whether a result record (ours or the GPU harness's) is an execution of gpuops.clean_slate.clean_slate_node on its
+    host: every result the module returns, success or failure, says which Python ran it."""
     result = record.get("result") or {}
-    return record.get("status") != "skipped" and (
-        action.endswith("clean_slate_node") or (action.endswith("clean_slate_host") and isinstance(result, dict) and "module_failed" in result)
-    )
+    return str(record.get("action", "")).endswith("clean_slate_node") and record.get("status") != "skipped" and isinstance(result, dict) and "python" in result
 
 
 def run_playbook(

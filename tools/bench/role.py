@@ -85,11 +85,11 @@ def module_runs(run: AnsibleRun) -> dict[str, int]:
     """gpuops module executions per inventory host (a delegated one counts for its host)."""
     counts: Counter[str] = Counter()
     for r in run.results:
-        # The role's clean_slate_host steps run on the controller; its clean step runs clean_slate_node once (is_node_run).
+        # A clean_slate_node task its action plugin answered without running the module is no execution (is_node_run).
         if (
             r["action"].startswith("gpuops.clean_slate.")
             and r["status"] in ("ok", "failed", "changed")
-            and (is_node_run(r) or not r["action"].endswith("clean_slate_host"))
+            and (is_node_run(r) or not r["action"].endswith("clean_slate_node"))
         ):
             counts[r["host"]] += 1
     return dict(counts)

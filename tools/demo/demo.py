@@ -133,7 +133,7 @@ def main() -> int:
         print()
         print(residue_table(job, http, port, cache, run.phase("residue")))
         print()
-        print(run.task("Show the summary")["result"]["msg"])
+        print(run.summary())
         alive = [name for name, d in daemons.items() if d.alive()]
         print(f"Protected daemons still running: {', '.join(alive)}; playbook wall time {run.elapsed:.1f} s (Ansible start-up included).")
         ok = len(alive) == len(DAEMONS) and not any(w.alive() for w in [*workers, stubborn]) and not orphan.child_alive()

@@ -412,7 +412,7 @@ class Harness:
         self.executions[name] = executions(records)
         if rc == 0:
             self.check(f"{name}: playbook ended every workload", not any(p.alive() for p in procs))
-            summary = task(records, "Show the summary")["result"]["msg"]
+            summary = task(records, "Show the result")["result"]["msg"]
             print(f"    {summary}")
         self.cleanup(procs)
         return wall
@@ -514,9 +514,8 @@ def executions(records: list[dict[str, t.Any]]) -> dict[str, t.Any]:
         host = out.setdefault(r["host"], {"tasks_run": 0, "module_executions": 0, "modules": []})
         host["tasks_run"] += 1
         action = r.get("action", "").rsplit(".", 1)[-1]
-        # The role's clean_slate_host runs on the controller, its clean step runs clean_slate_node once (it then says
-        # whether that failed: module_failed).
-        if action == "clean_slate_host" and "module_failed" not in (r.get("result") or {}):
+        # A clean_slate_node task its action plugin answered without running the module (a refused host) is no execution.
+        if action == "clean_slate_node" and "python" not in (r.get("result") or {}):
             continue
         if action not in CONTROLLER_ACTIONS:
             host["module_executions"] += 1

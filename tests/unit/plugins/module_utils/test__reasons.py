@@ -2,7 +2,8 @@
 exactly its own, and the user guide's reason table ("What a red run means") lists every module and role reason.
 
 Read statically, from the sources: the plugins' Python (with ast), the modules' RETURN documentation, the guide,
-and the role's own reasons in plugins/plugin_utils/_role.py and _result.py.
+and the role's own reasons (_reasons.ROLE, and the default reason of each step of module_utils/_outcome.py). The code read
+is every Python file of plugins/ but the inventory plugin (modules, module_utils, plugin_utils, action and filter plugins).
 """
 
 from __future__ import annotations
@@ -14,12 +15,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _node, _reasons
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _result, _role
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _node, _outcome, _reasons
 
 ROOT = Path(__file__).resolve().parents[4]
 PLUGINS = ROOT / "plugins"
-CODE = sorted(p for p in [*PLUGINS.glob("modules/*.py"), *PLUGINS.glob("module_utils/**/*.py")] if p.name != "_reasons.py")
+# The inventory plugin is left out: its words are Proxmox's (a node "unreachable" in the cluster's status).
+CODE = sorted(
+    p
+    for folder in ("modules", "module_utils", "plugin_utils", "action", "filter")
+    for p in (PLUGINS / folder).rglob("*.py")
+    if p.name != "_reasons.py" and "__pycache__" not in p.parts
+)
 GUIDE = ROOT / "docs" / "docsite" / "rst" / "guide_clean_slate.rst"
 
 CONSTANTS = {name: value for name, value in vars(_reasons).items() if name.isupper() and isinstance(value, str)}
@@ -29,7 +35,8 @@ MODULE_REASONS = {r for reasons in _reasons.MODULES.values() for r in reasons}
 # a process outcome (unkillable), an NVLink fabric state (not_supported, NVML_GPU_FABRIC_STATE_NOT_SUPPORTED), a
 # service's state (not_running: nvidia-fabricmanager in the health verdict). They may appear as text; where a reason
 # is given or compared they are checked like every other reason.
-ALSO_WORDS = {"timeout", "clean", "unkillable", "not_supported", "not_running"}
+# Ansible's own result key for a host that did not answer (unreachable) is the role's reason for it, too.
+ALSO_WORDS = {"timeout", "clean", "unkillable", "not_supported", "not_running", "unreachable"}
 
 
 def parsed(path: Path) -> ast.Module:
@@ -64,7 +71,10 @@ def reason_positions(tree: ast.Module) -> list[tuple[int, ast.AST]]:
             if name == "CleanSlateError" and len(node.args) > 1:
                 out.append((node.lineno, node.args[1]))
         elif isinstance(node, ast.Dict):
-            out.extend((node.lineno, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value == "reason")
+            # An option named reason in an argument spec has a dictionary for its value, never a reason.
+            out.extend(
+                (node.lineno, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value == "reason" and not isinstance(v, ast.Dict)
+            )
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any((isinstance(s, ast.Attribute) and s.attr == "reason") or (isinstance(s, ast.Name) and s.id == "reason") for s in sides):
@@ -105,7 +115,7 @@ def test_every_reason_is_used_and_every_use_is_a_reason() -> None:
 def test_every_reason_the_code_gives_belongs_to_a_module() -> None:
     """What the code gives is failure reasons (MODULES) or per-GPU diagnoses; every module reason is given somewhere."""
     used = {CONSTANTS[name] for name in referenced() if name in CONSTANTS}
-    assert used - MODULE_REASONS <= set(_reasons.DIAGNOSES)
+    assert used - MODULE_REASONS <= set(_reasons.DIAGNOSES) | set(_reasons.ROLE)
     assert MODULE_REASONS - used == set(), "module reasons no code gives"
     assert set(_reasons.NVML) | set(_reasons.CONTAINERS) | set(_reasons.DIAGNOSES) <= VALUES
 
@@ -142,27 +152,23 @@ def docs_only(path: Path) -> bool:
 def test_every_module_is_in_the_contract() -> None:
     modules = [p for p in (PLUGINS / "modules").glob("*.py") if not docs_only(p)]
     assert {p.stem for p in modules} == set(_reasons.MODULES)
-    # The role's steps (an action plugin on the controller) are the one docs-only module; the reader above must see code.
-    assert [p.stem for p in (PLUGINS / "modules").glob("*.py") if docs_only(p)] == ["clean_slate_host"]
+    # No module is documentation only: every public module does its work on the host (the reader above must see code).
+    assert [p.stem for p in (PLUGINS / "modules").glob("*.py") if docs_only(p)] == []
 
 
 def role_reasons() -> set[str]:
-    """The role's own reasons: the default reason of each of its steps (plugin_utils/_role.steps, the fourth column:
-    what a failed step without a reason of its own is called) and the reasons the result gives (plugin_utils/_result.py).
-    """
-    empty: dict[str, dict[str, object]] = {
-        name: {} for name in ("before", "guard", "plan", "pre_stop_host", "pre_stop_ct", "kill", "residue", "restore", "verify")
-    }
-    found = {str(step[3]) for step in _role.steps({}, empty)}
-    # The result is built in Python (plugin_utils/_result.py): its own reasons are its constants.
-    found |= {_result.UNREACHABLE, _result.NOT_VERIFIED, _result.TOO_FEW_GPUS, _result.UNHEALTHY}
-    return found
+    """The role's own reasons: its table (_reasons.ROLE) and the default reason of each step of a host's outcome
+    (_outcome.steps, the fourth column: what a failed step without a reason of its own is called)."""
+    phases = _outcome.phase_results({}, "local")
+    return {str(step[3]) for step in _outcome.steps(phases)} | set(_reasons.ROLE)
 
 
 def test_the_role_reasons_are_read() -> None:
     reasons = role_reasons()
     # The reader above must see what the role is known to give, or the guide's check below proves nothing.
     assert {"bad_variable", "unreachable", "not_verified", "too_few_gpus", "kill_failed", "report_not_written"} <= reasons, reasons
+    # Every step's default reason is in the role's table.
+    assert reasons - set(_reasons.MODULES["clean_slate_node"]) <= set(_reasons.ROLE) | {_reasons.NOT_CLEAN}
     assert reasons.isdisjoint({"verify", "preflight", "kill"}), "phase names read as reasons"
     assert set(_node.UNREADABLE) <= set(_reasons.NVML), "the kill waits for NVML reasons the modules do not give"
 

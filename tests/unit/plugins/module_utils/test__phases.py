@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _phases
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _phases
 
 ALL = ["preflight", "kill", "residue", "restore", "verify"]
 
@@ -58,3 +58,26 @@ def test_the_rule_is_ansibles() -> None:
     for tags, only, skip in cases:
         task = Task.load({"name": "x", "ansible.builtin.debug": {"msg": "x"}, "tags": tags}, block=Block(), loader=DataLoader())
         assert _phases.should_run(set(tags), only, skip) == task.evaluate_tags(only, skip, {}), (tags, only, skip)
+
+
+@pytest.mark.parametrize(
+    ("inherited", "only", "in_run"),
+    [
+        (set(), ["all"], True),
+        (set(), ["clean_slate_residue"], True),
+        # A run for other tags is not about the clean ...
+        (set(), ["nginx"], False),
+        # ... unless the role inherits that tag (an include's apply).
+        ({"deploy"}, ["deploy"], True),
+        ({"deploy"}, ["nginx"], False),
+    ],
+)
+def test_a_run_for_other_tags_leaves_the_clean_out(inherited: set[str], only: list[str], in_run: bool) -> None:
+    assert _phases.in_run(inherited, only) is in_run
+
+
+def test_each_phase_carries_its_tags_and_the_kill_tag_reads_first() -> None:
+    assert tuple(_phases.PHASE_TAGS) == _phases.PHASES
+    for phase, tags in _phases.PHASE_TAGS.items():
+        assert {"clean_slate", f"clean_slate_{phase}"} <= tags
+    assert "clean_slate_kill" in _phases.PHASE_TAGS["preflight"]

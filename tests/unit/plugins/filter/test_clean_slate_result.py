@@ -1,0 +1,119 @@
+"""The role's filters: its result, the refusal of its variables, survey text, and the one mapping from role
+variables to module options (the role's tasks/main.yml)."""
+
+from __future__ import annotations
+
+import typing as t
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpuops.clean_slate.plugins.filter import clean_slate_result as f
+from ansible_collections.gpuops.clean_slate.plugins.filter.text_list import text_list
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _node, _restore
+
+ROOT = Path(__file__).resolve().parents[4]
+ROLE = ROOT / "roles" / "clean_slate"
+DEFAULTS: dict[str, t.Any] = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+SPEC = f.role_spec(str(ROLE))
+
+
+def test_the_argument_spec_covers_every_public_variable_and_nothing_else() -> None:
+    assert set(SPEC) == {k for k in DEFAULTS if k.startswith("clean_slate_")}
+
+
+def test_every_module_option_the_role_writes_out_names_a_role_variable() -> None:
+    mapped = f.option_variables(str(ROLE))
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    node = next(t["gpuops.clean_slate.clean_slate_node"] for t in tasks[0]["block"] if "gpuops.clean_slate.clean_slate_node" in t)
+    for section in ("verify", "kill", "residue"):
+        for option in node[section]:
+            assert mapped.get(f"{section}.{option}") in SPEC, (section, option)
+    for option in ("containers", "pre_stop", "pre_stop_timeout", "restore", "metrics"):
+        assert mapped.get(option) in SPEC, option
+    # Each phase's options are that module's own (the module refuses an unknown one).
+    assert set(node["kill"]) <= set(_node._kill.argument_spec()) and set(node["residue"]) <= set(_node._residue.argument_spec())
+    assert set(node["verify"]) <= set(_node._verify.argument_spec()) and set(node) <= set(_node.argument_spec())
+    assert (mapped["kill.grace_period"], mapped["verify.timeout"], mapped["containers"]) == (
+        "clean_slate_grace_period",
+        "clean_slate_verify_timeout",
+        "clean_slate_vmid",
+    )
+
+
+def test_refusals_name_the_variable_without_pythons_types_and_unknown_names_get_the_nearest() -> None:
+    spec = {
+        "argument_errors": [
+            "argument 'clean_slate_grace_period' is of type str and we were unable to convert to float:"
+            " <class 'ansible.module_utils._internal._datatag._AnsibleTaggedStr'> cannot be converted to a float",
+            "value of clean_slate_signal must be one of: TERM, INT, HUP, QUIT, USR1, USR2, KILL, got: STOPP",
+        ]
+    }
+    names = ["clean_slate_grace_period", "clean_slate_expected_gpu", "clean_slate_result", "clean_slate_hosts", "clean_slate_zzz"]
+    out = f.role_refusals(spec, names, str(ROLE))
+    assert out[0] == "clean_slate_grace_period must be a number; the value given is text that cannot be read as one."
+    assert out[1] == "value of clean_slate_signal must be one of: TERM, INT, HUP, QUIT, USR1, USR2, KILL, got: STOPP."
+    assert out[2].startswith("clean_slate_expected_gpu is not a variable of the gpuops.clean_slate.clean_slate role (did you mean clean_slate_expected_gpus?)")
+    assert out[3].startswith("clean_slate_zzz is not a variable") and "did you mean" not in out[3]
+    assert len(out) == 4 and all("_AnsibleTaggedStr" not in s and "<class" not in s for s in out)
+    assert f.role_refusals({}, sorted(SPEC), str(ROLE)) == []
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        ({}, {}),
+        ("", {}),
+        ({"compute_mode": "default"}, {"gpus": [0], "compute_mode": "default"}),
+        ("compute_mode=default mps=stopped", {"gpus": [0], "compute_mode": "default", "mps": "stopped"}),
+        ('{"mps": "stopped", "gpus": [3]}', {"gpus": [3], "mps": "stopped"}),
+    ],
+)
+def test_restore_options_declare_only_what_was_given(given: t.Any, want: dict[str, t.Any]) -> None:
+    got = f.restore_options(given, [0])
+    assert got == want
+    if got:
+        # gpu_mode_restore's own spec takes them.
+        _node.phase_params("restore", _restore.argument_spec(), got)
+
+
+def test_restore_options_refuse_what_is_no_dictionary() -> None:
+    with pytest.raises(AnsibleFilterError, match="clean_slate_restore must be a dictionary"):
+        f.restore_options(["compute_mode"], [])
+
+
+@pytest.mark.parametrize(
+    ("given", "split", "read"),
+    [
+        ([], True, []),
+        (None, True, []),
+        ([0, 1], True, [0, 1]),
+        ("0,1", True, [0, 1]),
+        (" 0 , 1 ,", True, [0, 1]),
+        ("[0, 1]", True, [0, 1]),
+        ("GPU-1234-abcd", True, ["GPU-1234-abcd"]),
+        (3, True, [3]),
+        (["2", "/dev/nvidia1"], True, [2, "/dev/nvidia1"]),
+        ("", True, []),
+        ("[0, {]", True, ["[0, {]"]),  # no YAML: one value, which the module then refuses naming it
+        ("^a{1,2}$", False, ["^a{1,2}$"]),  # a regular expression may hold a comma
+        ("echo a,b", False, ["echo a,b"]),
+        ("alice, bob", True, ["alice", "bob"]),
+        ("[x, y]", False, ["x", "y"]),
+    ],
+)
+def test_text_lists_read_as_a_survey_or_the_inventory_gives_them(given: t.Any, split: bool, read: list[t.Any]) -> None:
+    assert text_list(given, split=split) == read
+
+
+def test_the_result_filter_refuses_what_is_not_a_run_and_maps_a_failed_hook() -> None:
+    with pytest.raises(AnsibleFilterError):
+        f.clean_slate_result([["verify", "verify", {}]], {})
+    with pytest.raises(AnsibleFilterError):
+        f.clean_slate_result({}, "not a context")
+    error = {"failed": True, "phase": "before_kill", "msg": "Drain the load balancer: Status code was 503"}
+    r = f.clean_slate_result({}, {"host": "h", "error": error, "fail_on_dirty": True})
+    assert (r["clean"], r["phase"], r["reason"]) == (False, "before_kill", "before_kill_failed")
+    assert r["msg"] == "Drain the load balancer: Status code was 503. Nothing was ended."
