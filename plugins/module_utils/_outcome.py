@@ -176,7 +176,8 @@ def step_error(all_steps: t.Sequence[Step], ctx: t.Mapping[str, t.Any]) -> dict[
         if name in STEP_MESSAGES:
             said, advice = STEP_MESSAGES[name]
             item = f" ({json.dumps(f['item'])})" if "item" in f else ""
-            detail = str(f.get("stderr", "")).strip() or f"exit status {f.get('rc', '?')}"
+            # A command's own message is only "non-zero return code": its stderr, or its exit status, says more.
+            detail = str(f.get("stderr", "")).strip() or (f"exit status {f['rc']}" if "rc" in f else msg)
             msg = f"{said.format(**{k: ctx.get(k, '') for k in ('delegate', 'report_path')})}{item}: {detail}. {advice}"
         if reason == _reasons.BAD_ARGUMENTS and option_vars:
             phase, reason, msg = refusal(f, phase, option_vars)

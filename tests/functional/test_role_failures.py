@@ -371,9 +371,7 @@ def test_list_variables_as_survey_strings(three_nodes, tmp_path: Path) -> None:
     assert set(artifacts(run)) == set(hosts), run.output
     for host in ("comma", "yaml"):
         assert artifacts(run)[host]["clean"] is True and artifacts(run)[host]["gpu_count"] == 2, artifacts(run)[host]
-    entry = assert_red(
-        run, "numbers", "arguments", "bad_variable", "clean_slate_verify_interval must be from 0.001 to 60 seconds, got 0."
-    )
+    entry = assert_red(run, "numbers", "arguments", "bad_variable", "clean_slate_verify_interval must be from 0.001 to 60 seconds, got 0.")
     # Every refused variable at once, each named once, before anything ran.
     assert "clean_slate_grace_period must be from 0 to 86400 seconds, got -1." in entry["msg"], entry["msg"]
     assert "kill_timeout" not in entry["msg"] and "verify_timeout" not in entry["msg"]

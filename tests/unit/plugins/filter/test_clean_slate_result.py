@@ -34,7 +34,7 @@ def test_every_module_option_the_role_writes_out_names_a_role_variable() -> None
     for option in ("containers", "pre_stop", "pre_stop_timeout", "restore", "metrics"):
         assert mapped.get(option) in SPEC, option
     # Each phase's options are that module's own (the module refuses an unknown one).
-    assert set(node["kill"]) <= set(_node._kill.argument_spec()) and set(node["residue"]) <= set(_node._residue.argument_spec())
+    assert set(node["kill"]) <= set(_node._kill.argument_spec()) and set(node["residue"]) <= set(_node.residue_module.argument_spec())
     assert set(node["verify"]) <= set(_node._verify.argument_spec()) and set(node) <= set(_node.argument_spec())
     assert (mapped["kill.grace_period"], mapped["verify.timeout"], mapped["containers"]) == (
         "clean_slate_grace_period",

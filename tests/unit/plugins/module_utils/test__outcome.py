@@ -59,9 +59,10 @@ def test_the_phase_the_run_stopped_in_is_the_hosts_failure_with_the_variable_nam
 def test_a_run_refused_before_any_phase_is_the_failure_of_the_refused_phase() -> None:
     refused = stopped("kill", "bad_arguments", "grace_period must be from 0 to 86400 seconds, got -3.", option="grace_period")
     r = result(refused)
-    assert (r["phase"], r["reason"], r["msg"]) == ("kill", "bad_arguments", "clean_slate_grace_period must be from 0 to 86400 seconds, got -3.")
+    # Refused before anything ran, every option fed by a role variable: the role's arguments phase.
+    assert (r["phase"], r["reason"], r["msg"]) == ("arguments", "bad_variable", "clean_slate_grace_period must be from 0 to 86400 seconds, got -3.")
     metrics = stopped("arguments", "bad_arguments", "metrics.dir: /m does not exist", option="metrics.dir")
-    assert result(metrics)["msg"] == "clean_slate_metrics_dir: /m does not exist"
+    assert result(metrics)["msg"] == "clean_slate_metrics_dir: /m does not exist."
     # The role's own stop (a refused variable, dependencies) is recorded under its phase.
     for phase, reason in (("arguments", "bad_variable"), ("dependencies", "dependency_install_failed")):
         r = result(stopped(phase, reason, "why."))
