@@ -108,13 +108,13 @@ def main() -> int:
     }
     targets = [_cuda.Target(i, uuids[i]) for i in range(count)]
     for label, repeat in (("cold", 1), ("warm", a.repeat)):
-        for _ in range(repeat):
+        for _attempt in range(repeat):
             for target in targets:
                 r = run([target], a.fraction, a.timeout, pynvml, idle)
                 report["runs"].append({"phase": label, **r})
                 g = r["gpus"][target.gpu]
                 print(label, target.gpu, r["wall_s"], g["ok"], g["code"], g["after"], file=sys.stderr, flush=True)
-    for _ in range(a.repeat):
+    for _attempt in range(a.repeat):
         r = run(targets, a.fraction, a.timeout, pynvml, idle)
         report["runs"].append({"phase": "parallel", **r})
         print("parallel", count, r["wall_s"], [g["ok"] for g in r["gpus"].values()], file=sys.stderr, flush=True)
