@@ -564,7 +564,10 @@ def test_the_readme_module_example_ends_renamed_workers_in_any_case(tmp_path: Pa
                     break
                 psutil.wait_procs([], timeout=0.01)
             assert set(procs) == set(names)
-            run = run_playbook(local_play(tasks), inventory="localhost,", env=n.env(), wrapper=sb.nsenter_prefix())
+            # The tasks as written; the simulated node keeps its device files in its own directory, not /dev, which the
+            # play says once for both modules (as on a host whose device files live elsewhere).
+            defaults = {f"gpuops.clean_slate.{m}": {"device_dir": str(n.dev_dir)} for m in ("gpu_procs_kill", "gpu_mem_verify")}
+            run = run_playbook(local_play(tasks, module_defaults=defaults), inventory="localhost,", env=n.env(), wrapper=sb.nsenter_prefix())
             assert run.rc == 0, run.output
             ended = {t["cmdline"].split()[0] for t in run.task(tasks[0]["name"])["result"]["targets"]}
             assert ended == {"VLLM::Worker_TP1", "sglang::scheduler_TP0"}
