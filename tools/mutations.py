@@ -97,6 +97,25 @@ MUTATIONS = [
         [("plugins/module_utils/_residue/owners.py", "        elif item.tree_sockets:\n", "        elif False:\n")],
         "tests/unit/plugins/module_utils/_residue/test_owners.py -k test_a_directory_with_a_socket_a_live_process_is_bound_to_is_held",
     ),
+    # Issue 26's safety tests, the same way.
+    Mutation(
+        "residue-main-thread-only",
+        "the /proc pass reads only each process's main thread (as before issue 26: a file only another thread held was removed)",
+        [("plugins/module_utils/_holders.py", "        tids = _other_tids(base, name) if threads > 1 else []\n", "        tids = []\n")],
+        "tests/unit/plugins/module_utils/_residue/test_owners.py -k test_what_any_thread_holds_is_kept",
+    ),
+    Mutation(
+        "residue-check-mode-guesses",
+        "check mode skips the run's last check (as before issue 26: a file with a second name read 'would be removed')",
+        [
+            (
+                "plugins/module_utils/_residue/remove.py",
+                "        kept = decide(item)\n        if kept is not None:\n            item.verdict, item.why = kept\n",
+                "        pass\n",
+            )
+        ],
+        "tests/unit/plugins/module_utils/_residue/test_remove.py -k test_check_mode_reports_exactly_what_the_run_does",
+    ),
     Mutation(
         "sim-holders-by-path",
         "the simulator's node cleanup matches mappings by path (as it did when it killed another run's workers)",

@@ -185,7 +185,7 @@ def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
     need_fds = bool(keys) or all_sockets or bool(want_sockets)
     buf = bytearray(_MAPS_BUFFER)
     listdir, readlink, stat = os.listdir, os.readlink, os.stat
-    same = _kcmp()
+    kcmp = _kcmp()
 
     def scan_fds(pid: int, fd_dir: str, fds: list[str]) -> None:
         prefix = fd_dir + "/"
@@ -246,7 +246,7 @@ def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
         if fds:
             scan_fds(pid, base + "/fd", fds)
         if need_fds and tids:
-            fds = _scan_thread_fds(pid, base, tids, same, listdir, scan_fds, out, fds)
+            fds = _scan_thread_fds(pid, base, tids, kcmp, listdir, scan_fds, out, fds)
         maps = b""
         if read_maps:
             data = _read_all(base + "/maps", buf)
@@ -262,7 +262,7 @@ def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
                     _match_maps(data, by_token, watch, out, pid)
         if want_cwd:
             scan_cwd(pid, base)
-            for task in _distinct(pid, tids, same, _KCMP_FS):
+            for task in _distinct(pid, tids, kcmp, _KCMP_FS):
                 scan_cwd(pid, f"{base}/task/{task}")
         if watch.netns:
             # A thread may have a network namespace of its own (unshare(CLONE_NEWNET)): its unix table is its own.
@@ -293,7 +293,7 @@ def _scan_thread_fds(
     pid: int,
     base: str,
     tids: list[str],
-    same: t.Callable[[int, int, int], bool | None],
+    kcmp: t.Callable[[int, int, int, int, int], int],
     listdir: t.Callable[[str], list[str]],
     scan_fds: t.Callable[[int, str, list[str]], None],
     out: Scan,
@@ -301,7 +301,7 @@ def _scan_thread_fds(
 ) -> list[str] | None:
     """The file tables of the threads that do not share the main thread's (one each, read once); returns the fds
     seen, the main thread's or else a thread's, for the zombie test."""
-    for task in _distinct(pid, tids, same, _KCMP_FILES):
+    for task in _distinct(pid, tids, kcmp, _KCMP_FILES):
         fd_dir = f"{base}/task/{task}/fd"
         try:
             task_fds = listdir(fd_dir)
@@ -315,15 +315,18 @@ def _scan_thread_fds(
     return fds
 
 
-def _distinct(pid: int, tids: list[str], same: t.Callable[[int, int, int], bool | None], what: int) -> list[str]:
+def _distinct(pid: int, tids: list[str], kcmp: t.Callable[[int, int, int, int, int], int], what: int) -> list[str]:
     """The threads whose ``what`` (file table or fs) is none of the main thread's or another listed one's."""
-    seen = [pid]
-    out = []
+    out: list[str] = []
+    others: list[int] = []
     for tid in tids:
         task = int(tid)
-        if any(same(other, task, what) for other in seen):
+        # kcmp(2) answers 0 for the same table, more for another, -1 when it cannot tell (then: read it).
+        answer = kcmp(pid, task, what, 0, 0)
+        if answer == 0 or (answer > 0 and others and any(kcmp(o, task, what, 0, 0) == 0 for o in others)):
             continue
-        seen.append(task)
+        if answer > 0:
+            others.append(task)
         out.append(tid)
     return out
 
@@ -334,29 +337,25 @@ _KCMP_FS = 3  # KCMP_FS: the working directory and root
 _SYS_KCMP = {"x86_64": 312, "aarch64": 272, "ppc64le": 354, "ppc64": 354, "s390x": 343, "riscv64": 272, "i686": 349, "armv7l": 378}
 
 
-def _kcmp() -> t.Callable[[int, int, int], bool | None]:
-    """Whether two tasks share a file table (``_KCMP_FILES``) or a working directory and root (``_KCMP_FS``),
-    through kcmp(2): True or False, None when it cannot tell (no kcmp here, or not permitted), and then every
-    thread is read as if it had its own: the safe side."""
+def _kcmp() -> t.Callable[[int, int, int, int, int], int]:
+    """kcmp(2): ``kcmp(a, b, what, 0, 0)`` is 0 when tasks ``a`` and ``b`` share a file table (``_KCMP_FILES``) or a
+    working directory and root (``_KCMP_FS``), more when not, -1 when it cannot tell (no kcmp here, or not
+    permitted), and then every thread is read as if it had its own: the safe side. The libc call itself, with no
+    Python function around it: a host with thousands of threads makes it thousands of times."""
     import ctypes
+    import functools
     import platform
 
     number = _SYS_KCMP.get(platform.machine())
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        syscall = libc.syscall
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
     except (OSError, AttributeError):
         number = None
     if number is None:
-        return lambda _a, _b, _what: None
+        return lambda _a, _b, _what, _i, _j: -1
     syscall.restype = ctypes.c_long
     syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong]
-
-    def same(a: int, b: int, what: int) -> bool | None:
-        answer = syscall(number, a, b, what, 0, 0)
-        return None if answer < 0 else answer == 0
-
-    return same
+    return t.cast(t.Callable[[int, int, int, int, int], int], functools.partial(syscall, number))
 
 
 def _match_maps(data: bytes, by_token: dict[bytes, int], watch: Watch, out: Scan, pid: int) -> None:
