@@ -540,7 +540,7 @@ def startup_costs() -> dict[str, float]:
     return out
 
 
-PHASES = ("health", "failures", "residue", "speed")
+PHASES = ("health", "failures", "residue", "crash", "speed")
 # A container named on a host without pct/lxc-info is refused as bad input naming the option
 # (bad_arguments); on a Proxmox node without that container it is no_such_container.
 CONTAINER_MISS = ("bad_arguments", "pct_failed", "no_such_container")
@@ -657,6 +657,12 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int, phases: t.Sequence[st
             import residue_phase
 
             data["residue"] = residue_phase.run(h)
+            save()
+        if "crash" in phases:
+            print("\n== crash: an SGLang-shaped server crashed as the seeds' was, its next start before and after the clean", flush=True)
+            import crash_restart
+
+            data["crash"] = crash_restart.run(h)
             save()
         if "speed" in phases:
             print("phase: speed rows", flush=True)
