@@ -103,9 +103,7 @@ def crash(srv: Server, ready: dict[str, t.Any]) -> dict[str, t.Any]:
 
 def residue_names(ready: dict[str, t.Any]) -> list[str]:
     pid = ready["scheduler"]["pid"]
-    return sorted(
-        n for n in os.listdir("/dev/shm") if n == ready["scheduler"]["mq"] or n.startswith(f"torch_{pid}_") or n.startswith(f"cuda.shm.0.{pid:x}.")
-    )
+    return sorted(n for n in os.listdir("/dev/shm") if n == ready["scheduler"]["mq"] or n.startswith((f"torch_{pid}_", f"cuda.shm.0.{pid:x}.")))
 
 
 def pipeline(srv: Server) -> dict[str, t.Any]:
@@ -138,7 +136,8 @@ def run(h: t.Any) -> dict[str, t.Any]:
             rec["after_crash"] = crash(srv, ready)
             rec["residue"] = residue_names(ready)
             sched = rec["after_crash"]["scheduler"]
-            h.check(f"crash/{way}: the scheduler outlives its launcher, reparented, holding its GPU", not sched.get("gone") and sched.get("ppid") != ready["launcher"], str(sched))
+            alive = not sched.get("gone") and sched.get("ppid") != ready["launcher"]
+            h.check(f"crash/{way}: the scheduler outlives its launcher, reparented, holding its GPU", alive, str(sched))
             rec["blocked"] = srv.next_start(0.9)
             h.check(f"crash/{way}: the next start is blocked (port, queue or memory)", not rec["blocked"]["ok"], str(rec["blocked"]))
             t0 = time.monotonic()
@@ -154,7 +153,8 @@ def run(h: t.Any) -> dict[str, t.Any]:
                     res = node[-1]["result"]
                     rec["ended"] = [(x.get("pid"), x.get("name") or x.get("cmdline", "")[:40], x.get("outcome")) for x in res["kill"].get("targets") or []]
                     rec["removed"] = [x.get("path") for x in (res.get("residue") or {}).get("removed") or []]
-                    rec["summary"] = next((r["result"]["ansible_facts"]["clean_slate_result"]["summary"] for r in reversed(records) if "clean_slate_result" in ((r.get("result") or {}).get("ansible_facts") or {})), "")
+                    facts = [(r.get("result") or {}).get("ansible_facts") or {} for r in records]
+                    rec["summary"] = next((f["clean_slate_result"]["summary"] for f in reversed(facts) if "clean_slate_result" in f), "")
                     print(f"    {rec['summary']}", flush=True)
             rec["left"] = residue_names(ready)
             rec["next"] = srv.next_start(0.9)

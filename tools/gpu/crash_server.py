@@ -59,9 +59,10 @@ def detokenizer(q_gpu, ready) -> None:  # type: ignore[no-untyped-def]
 
 
 def scheduler(a: argparse.Namespace) -> int:
+    from multiprocessing import shared_memory
+
     import torch
     import torch.multiprocessing as mp
-    from multiprocessing import shared_memory
 
     set_title("sglang::scheduler_TP0")
     store = listen(a.store)
