@@ -271,7 +271,8 @@ def test_an_unprivileged_containers_processes_from_the_host_and_from_inside(node
         b = ct.spawn_worker(gpus=[1], mib=1000, title="sglang::scheduler_TP1")
         # From the host (the hypervisor), the container's root is uid 100000.
         host = ModuleRunner(node, None)
-        r = host("gpu_procs_kill", {"containers": [140], "users": ["100000"], "gpus": [0]}, env={"PCTSIM_DIR": str(registry)})
+        # In a container scope a user is the container's (its passwd, through its uid_map): its root, host uid 100000.
+        r = host("gpu_procs_kill", {"containers": [140], "users": ["root"], "gpus": [0]}, env={"PCTSIM_DIR": str(registry)})
         assert r["_status"] == "ok", r
         t = by_pid(r)[a.pid]
         assert (t["user"], t["container"], t["outcome"]) == ("100000", 140, "terminated")
