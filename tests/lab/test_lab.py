@@ -217,7 +217,7 @@ def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_n
             pip = first.task("Install the dependencies into the virtual environment", host=name)["result"]
             assert ("--no-index" in pip["cmd"]) == (name not in ("pve1", "ct102")), pip["cmd"]
         # They share the node's environment; under its lock one of them made it and installed, the others found it done.
-        made = [n for n in sharing if first.task("Make the modules' virtual environment", host=n)["result"]["changed"]]
+        made = [n for n in sharing if first.task("Make the virtual environment", host=n)["result"]["changed"]]
         installed = [n for n in sharing if first.task("Install the dependencies into the virtual environment", host=n)["result"]["changed"]]
         assert len(made) == 1 and len(installed) == 1, (node.name, made, installed)
         assert "include-system-site-packages = true" in (node.venv / "pyvenv.cfg").read_text()
@@ -254,7 +254,8 @@ def test_hypervisors_with_debians_python_become_ready_and_a_second_run_changes_n
         assert run_targets(second, name) == []
         assert second.phase("before", host=name)["python"]["executable"] == modules_python(host)
         if host.venv is not None:
-            assert second.task("Deal with missing Python dependencies", host=name)["status"] == "skipped"
+            for step in ("Make the virtual environment", "Install the dependencies into the virtual environment"):
+                assert second.task(step, host=name)["status"] == "skipped", (name, step)
 
 
 def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
@@ -448,7 +449,11 @@ def test_orphaned_gpu_memory_fails_that_host_with_the_diagnosis(fresh: Lab) -> N
 @pytest.mark.parametrize(
     ("bad", "task", "says"),
     [
-        ({"clean_slate_verify_timeout": -1}, "Fail the host when its GPUs are not proven clean", "clean_slate_verify_timeout must be >= 0, got -1."),
+        (
+            {"clean_slate_verify_timeout": -1},
+            "Fail the host when its GPUs are not proven clean",
+            "clean_slate_verify_timeout must be from 0 to 86400 seconds, got -1.",
+        ),
         # The role's argument spec, applied by the clean step (the playbook turns Ansible's own check off so that
         # the refused host is recorded): the same sentence as Ansible's, and on record.
         (
@@ -469,8 +474,11 @@ def test_bad_variables_fail_before_anything_runs(fresh: Lab, bad: dict[str, t.An
     assert {r["host"] for r in failed} == GPU_HOSTS
     assert all(task in r["task"] for r in failed), {r["task"] for r in failed}
     assert all(says in r["result"]["msg"] for r in failed), failed[0]["result"]["msg"]
-    # Nothing reached a host: no module ran, no pct call, every process and GPU as before.
-    assert not run.node_runs() and not [r for r in run.results if r["action"].startswith("gpuops.") and not r["action"].endswith("clean_slate_node")]
+    # Nothing reached the GPUs: no phase ran (a host whose module refused the value only records why), no other
+    # module ran, no pct call, every process and GPU as before.
+    phases = {"before", "plan", "pre_stop", "kill", "residue", "restore", "verify"}
+    assert not [r["host"] for r in run.node_runs() if phases & set(r["result"])], [r["result"] for r in run.node_runs()]
+    assert not [r for r in run.results if r["action"].startswith("gpuops.") and not r["action"].endswith("clean_slate_node")]
     assert {n.name: len(lab.pct_calls(n)) for n in lab.nodes} == calls
     for name in GPU_HOSTS:
         assert_untouched(lab, name, before[name])
