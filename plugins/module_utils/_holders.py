@@ -36,6 +36,8 @@ import threading
 import typing as t
 from dataclasses import dataclass, field
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable
+
 Key = t.Tuple[int, int]  # (st_dev, st_ino)
 
 # "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; blocked waiters carry "->" after the id.
@@ -185,7 +187,7 @@ def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
     need_fds = bool(keys) or all_sockets or bool(want_sockets)
     buf = bytearray(_MAPS_BUFFER)
     listdir, readlink, stat = os.listdir, os.readlink, os.stat
-    kcmp = _kcmp()
+    kcmp = _proctable.kcmp()
 
     def scan_fds(pid: int, fd_dir: str, fds: list[str]) -> None:
         prefix = fd_dir + "/"
@@ -262,7 +264,7 @@ def _scan_loop(proc_names: list[str], watch: Watch, out: Scan) -> None:
                     _match_maps(data, by_token, watch, out, pid)
         if want_cwd:
             scan_cwd(pid, base)
-            for task in _distinct(pid, tids, kcmp, _KCMP_FS):
+            for task in _proctable.distinct_tasks(pid, tids, kcmp, _proctable.KCMP_FS):
                 scan_cwd(pid, f"{base}/task/{task}")
         if watch.netns:
             # A thread may have a network namespace of its own (unshare(CLONE_NEWNET)): its unix table is its own.
@@ -301,7 +303,7 @@ def _scan_thread_fds(
 ) -> list[str] | None:
     """The file tables of the threads that do not share the main thread's (one each, read once); returns the fds
     seen, the main thread's or else a thread's, for the zombie test."""
-    for task in _distinct(pid, tids, kcmp, _KCMP_FILES):
+    for task in _proctable.distinct_tasks(pid, tids, kcmp, _proctable.KCMP_FILES):
         fd_dir = f"{base}/task/{task}/fd"
         try:
             task_fds = listdir(fd_dir)
@@ -313,49 +315,6 @@ def _scan_thread_fds(
         scan_fds(pid, fd_dir, task_fds)
         fds = fds or task_fds
     return fds
-
-
-def _distinct(pid: int, tids: list[str], kcmp: t.Callable[[int, int, int, int, int], int], what: int) -> list[str]:
-    """The threads whose ``what`` (file table or fs) is none of the main thread's or another listed one's."""
-    out: list[str] = []
-    others: list[int] = []
-    for tid in tids:
-        task = int(tid)
-        # kcmp(2) answers 0 for the same table, more for another, -1 when it cannot tell (then: read it).
-        answer = kcmp(pid, task, what, 0, 0)
-        if answer == 0 or (answer > 0 and others and any(kcmp(o, task, what, 0, 0) == 0 for o in others)):
-            continue
-        if answer > 0:
-            others.append(task)
-        out.append(tid)
-    return out
-
-
-_KCMP_FILES = 2  # linux/kcmp.h: KCMP_FILES, the file descriptor table
-_KCMP_FS = 3  # KCMP_FS: the working directory and root
-# kcmp(2)'s number on each architecture CPython runs on here (asm/unistd.h).
-_SYS_KCMP = {"x86_64": 312, "aarch64": 272, "ppc64le": 354, "ppc64": 354, "s390x": 343, "riscv64": 272, "i686": 349, "armv7l": 378}
-
-
-def _kcmp() -> t.Callable[[int, int, int, int, int], int]:
-    """kcmp(2): ``kcmp(a, b, what, 0, 0)`` is 0 when tasks ``a`` and ``b`` share a file table (``_KCMP_FILES``) or a
-    working directory and root (``_KCMP_FS``), more when not, -1 when it cannot tell (no kcmp here, or not
-    permitted), and then every thread is read as if it had its own: the safe side. The libc call itself, with no
-    Python function around it: a host with thousands of threads makes it thousands of times."""
-    import ctypes
-    import functools
-    import platform
-
-    number = _SYS_KCMP.get(platform.machine())
-    try:
-        syscall = ctypes.CDLL(None, use_errno=True).syscall
-    except (OSError, AttributeError):
-        number = None
-    if number is None:
-        return lambda _a, _b, _what, _i, _j: -1
-    syscall.restype = ctypes.c_long
-    syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong]
-    return t.cast(t.Callable[[int, int, int, int, int], int], functools.partial(syscall, number))
 
 
 def _match_maps(data: bytes, by_token: dict[bytes, int], watch: Watch, out: Scan, pid: int) -> None:

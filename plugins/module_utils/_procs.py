@@ -62,6 +62,7 @@ class ProcFacts:
     state: str
     kernel: bool
     sid: int = 0
+    threads: int = 1
     argv: list[str] = field(default_factory=list)
 
 
@@ -330,6 +331,7 @@ def read_facts(pid: int) -> ProcFacts | None:
         sid=st["sid"],
         starttime=st["starttime"],
         state=st["state"],
+        threads=st.get("threads", 1),
         kernel=bool(st["flags"] & _proctable.PF_KTHREAD),
     )
 
@@ -353,7 +355,7 @@ def _validated_nvml_pid(pid: int, maxpid: int, facts: dict[int, ProcFacts]) -> s
     again = _proctable.read_stat(pid)
     if again is None or again["starttime"] != first.starttime:
         return "exited or was replaced while being inspected"
-    if first.state in ("Z", "X"):
+    if _proctable.exited(first.state, first.threads):
         return "a zombie: it holds no GPU memory"
     return None
 
@@ -461,7 +463,7 @@ def stale_owners(census: Census) -> dict[int, set[int]]:
     for index, procs in census.req.nvml_processes.items():
         for proc in procs:
             f = census.facts.get(proc.pid)
-            if index in index_to_minor and (f is None or f.state in ("Z", "X")):
+            if index in index_to_minor and (f is None or _proctable.exited(f.state, f.threads)):
                 stale.setdefault(index_to_minor[index], set()).add(proc.pid)
     return stale
 
@@ -587,7 +589,7 @@ def protect_and_filter(census: Census, plan: Plan) -> None:
         c.nspid = _proctable.nspids(pid)
         c.pidns = _proctable.pidns_inode(pid)
         c.container = _proctable.container_of(pid)
-        if f.state in ("Z", "X") and not (pid <= 1 or (c.nspid and c.nspid[-1] == 1)):
+        if _proctable.exited(f.state, f.threads) and not (pid <= 1 or (c.nspid and c.nspid[-1] == 1)):
             # It has exited already (a zombie holds no memory and no file); only its parent's wait is missing.
             # Judged first: its executable can no longer be read, so it would pass for a daemon by its name.
             plan.ignored.append({"pid": pid, "why": "a zombie: it has exited already and holds nothing; its parent has not reaped it yet"})

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 D_STATE_READ_S = 1.0
 
 PF_KTHREAD = 0x00200000
+PF_EXITING = 0x00000004  #: include/linux/sched.h: the task is in do_exit()
 # The kernel's initial PID namespace always has this inode (PROC_PID_INIT_INO).
 INITIAL_PIDNS_INODE = 0xEFFFFFFC
 _GPU_FILE = re.compile(r"^nvidia(\d+)$")
@@ -118,8 +119,40 @@ def read_stat(pid: int) -> dict[str, t.Any] | None:
         "pgid": int(fields[2]),
         "sid": int(fields[3]),
         "flags": int(fields[6]),
+        "threads": int(fields[17]),
         "starttime": int(fields[19]),
     }
+
+
+def live_threads(pid: int) -> bool:
+    """Whether a thread of the process other than its main one lives on: not a zombie, not in the kernel's exit path
+    (PF_EXITING), no SIGKILL pending. Then the process lives after its main thread exited (whose stat reads Z and
+    PF_EXITING, as in a teardown); in a teardown every other thread is exiting, or has SIGKILL pending while it is
+    stuck in the kernel (in the driver)."""
+    try:
+        tids = [tid for tid in os.listdir(f"/proc/{pid}/task") if tid != str(pid)]
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8", errors="backslashreplace") as fh:
+                fields = fh.read().rpartition(")")[2].split()
+            with open(f"/proc/{pid}/task/{tid}/status", encoding="utf-8", errors="backslashreplace") as fh:
+                pending = [int(line.split()[1], 16) for line in fh if line.startswith(("SigPnd:", "ShdPnd:"))]
+        except (OSError, ValueError, IndexError):
+            continue
+        if len(fields) > 6 and fields[0] not in ("Z", "X") and not int(fields[6]) & PF_EXITING and not any(m & _SIGKILL_BIT for m in pending):
+            return True
+    return False
+
+
+_SIGKILL_BIT = 1 << 8  #: SIGKILL (9) in /proc/PID/status's SigPnd and ShdPnd masks
+
+
+def exited(state: str | None, threads: int) -> bool:
+    """Whether a process has exited: a zombie (Z, X) with no thread left. A process whose main thread has exited while
+    other threads live also reads Z, but it is alive: it holds its memory, its files and its GPUs."""
+    return state in ("Z", "X") and threads <= 1
 
 
 def read_guarded(path: str, state: str | None, limit: float = D_STATE_READ_S) -> bytes:
@@ -302,27 +335,66 @@ def _classify(path: str, dev_dir: str) -> tuple[str, int | str] | None:
     return ("other", rel)
 
 
-def scan_device_holders(dev_dir: str = "/dev", only: t.Iterable[int] | None = None) -> tuple[dict[int, Holding], list[int]]:
-    """Find holders of ``<dev_dir>/nvidia*`` through /proc/*/fd and /proc/*/maps.
+def distinct_tasks(pid: int, tids: list[str], kcmp: t.Callable[[int, int, int, int, int], int], what: int) -> list[str]:
+    """The threads whose ``what`` (file table or fs) is none of the main thread's or another listed one's."""
+    out: list[str] = []
+    others: list[int] = []
+    for tid in tids:
+        task = int(tid)
+        # kcmp(2) answers 0 for the same table, more for another, -1 when it cannot tell (then: read it).
+        answer = kcmp(pid, task, what, 0, 0)
+        if answer == 0 or (answer > 0 and others and any(kcmp(o, task, what, 0, 0) == 0 for o in others)):
+            continue
+        if answer > 0:
+            others.append(task)
+        out.append(tid)
+    return out
 
-    Returns the holders by pid and the pids whose fds could not be read
+
+KCMP_FILES = 2  # linux/kcmp.h: KCMP_FILES, the file descriptor table
+KCMP_FS = 3  # KCMP_FS: the working directory and root
+# kcmp(2)'s number on each architecture CPython runs on here (asm/unistd.h).
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272, "ppc64le": 354, "ppc64": 354, "s390x": 343, "riscv64": 272, "i686": 349, "armv7l": 378}
+
+
+def kcmp() -> t.Callable[[int, int, int, int, int], int]:
+    """kcmp(2): ``kcmp(a, b, what, 0, 0)`` is 0 when tasks ``a`` and ``b`` share a file table (``KCMP_FILES``) or a
+    working directory and root (``KCMP_FS``), more when not, -1 when it cannot tell (no kcmp here, or not
+    permitted), and then every thread is read as if it had its own: the safe side. The libc call itself, with no
+    Python function around it: a host with thousands of threads makes it thousands of times."""
+    import ctypes
+    import functools
+    import platform
+
+    number = _SYS_KCMP.get(platform.machine())
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        number = None
+    if number is None:
+        return lambda _a, _b, _what, _i, _j: -1
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong]
+    return t.cast(t.Callable[[int, int, int, int, int], int], functools.partial(syscall, number))
+
+
+def scan_device_holders(dev_dir: str = "/dev", only: t.Iterable[int] | None = None) -> tuple[dict[int, Holding], list[int]]:
+    """Find holders of ``<dev_dir>/nvidia*`` through /proc/*/fd and /proc/*/maps, every thread included.
+
+    A thread with a file table of its own (``unshare(CLONE_FILES)``) is read too (kcmp(2) tells which threads share the
+    main thread's), and a process whose main thread has exited while its threads live is read through a thread (its
+    own fd and maps are empty then). Returns the holders by pid and the pids whose fds could not be read
     (permission), so callers can say what they could not see.
     """
     prefix = os.path.realpath(dev_dir).rstrip("/") + "/"
     holders: dict[int, Holding] = {}
     unreadable: list[int] = []
-    for pid in only if only is not None else pids():
-        holding = Holding()
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except PermissionError:
-            unreadable.append(pid)
-            fds = []
-        except OSError:
-            continue
-        for fd in fds:
+    compare = kcmp()
+
+    def read_fds(pid: int, fd_dir: str, holding: Holding) -> None:
+        for fd in os.listdir(fd_dir):
             try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                target = os.readlink(f"{fd_dir}/{fd}")
             except OSError:
                 continue
             kind = _classify(target, prefix)
@@ -332,13 +404,36 @@ def scan_device_holders(dev_dir: str = "/dev", only: t.Iterable[int] | None = No
                 holding.gpu_fds.add(t.cast(int, kind[1]))
             else:
                 holding.other_fds.add(t.cast(str, kind[1]))
+
+    for pid in only if only is not None else pids():
+        holding = Holding()
+        try:
+            read_fds(pid, f"/proc/{pid}/fd", holding)
+        except PermissionError:
+            unreadable.append(pid)
+        except OSError:
+            continue
+        try:
+            tids = [tid for tid in os.listdir(f"/proc/{pid}/task") if tid != str(pid)]
+        except OSError:
+            tids = []
+        for tid in distinct_tasks(pid, tids, compare, KCMP_FILES) if tids else []:
+            try:
+                read_fds(pid, f"/proc/{pid}/task/{tid}/fd", holding)
+            except OSError:
+                continue  # the thread has exited, or cannot be read (its process is already on record)
         # Only a process with a device file open can be stuck in the driver: its maps are read under a
         # deadline when it is in state D (read_guarded); the others' are read directly.
         st = read_stat(pid) if holding.gpu_fds or holding.other_fds else None
-        try:
-            data = read_guarded(f"/proc/{pid}/maps", st["state"] if st else None)
-        except OSError:
-            data = b""
+        data = b""
+        for path in [f"/proc/{pid}/maps"] + [f"/proc/{pid}/task/{tid}/maps" for tid in tids[:1]]:
+            # A main thread that has exited has no memory map any more; its threads share one.
+            try:
+                data = read_guarded(path, st["state"] if st else None)
+            except OSError:
+                data = b""
+            if data:
+                break
         # A cheap substring test first: maps files of big processes are long.
         if b"nvidia" in data:
             for line in data.decode("utf-8", "replace").splitlines():

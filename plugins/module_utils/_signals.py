@@ -56,7 +56,7 @@ SIGNALS = {
 }
 _POLL_FALLBACK_S = 0.005
 _POLL_SLICE_S = 60.0
-PF_EXITING = 0x00000004  #: include/linux/sched.h: the task is in do_exit()
+PF_EXITING = _proctable.PF_EXITING
 
 
 @dataclass
@@ -81,11 +81,12 @@ class Victim:
 
 
 def exiting(pid: int, identity: tuple[t.Any, ...] | None) -> bool:
-    """Whether the process (still this one) has begun to exit: PF_EXITING, or a zombie whose threads live on."""
+    """Whether the process (still this one) has begun to exit: PF_EXITING, or a zombie whose threads are ending. A
+    process whose main thread alone has exited is not exiting: its other threads live on and hold what it holds."""
     st = _proctable.read_stat(pid)
     if st is None or identity is None or st["starttime"] != identity[0]:
         return False
-    return bool(st["flags"] & PF_EXITING) or st["state"] in ("Z", "X")
+    return (bool(st["flags"] & PF_EXITING) or st["state"] in ("Z", "X")) and not _proctable.live_threads(pid)
 
 
 def pin(pid: int, identity: tuple[t.Any, ...] | None) -> Victim:
@@ -106,8 +107,9 @@ def pin(pid: int, identity: tuple[t.Any, ...] | None) -> Victim:
         close(victim)
         victim.outcome, victim.seconds = "vanished", 0.0
         return victim
-    if st["flags"] & PF_EXITING or st["state"] in ("Z", "X"):
-        # Dying already (a crash, the OOM killer): nothing to signal, but its teardown may still hold the GPU.
+    if (st["flags"] & PF_EXITING or st["state"] in ("Z", "X")) and not _proctable.live_threads(pid):
+        # Dying already (a crash, the OOM killer): nothing to signal, but its teardown may still hold the GPU. (A
+        # process whose main thread alone has exited is signalled: its other threads receive it.)
         # A pidfd tells when it is gone; without one, psutil cannot wait for a zombie's threads, so it counts as gone.
         if victim.pidfd is None:
             victim.outcome, victim.seconds = "vanished", 0.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -505,3 +507,28 @@ def test_a_missing_source_is_a_warning_and_the_other_still_finds_the_holders(mod
     assert by_pid(r)[second.ns_pid]["reasons"] == ["listed by NVML on GPU 1 (1000 MiB)"]
     assert any(w.startswith("The GPU device files cannot be used (") for w in r["warnings"]), r.get("warnings")
     assert not first.alive() and not second.alive()
+
+
+@pytest.mark.parametrize("mode", ["files", "exit-fd"])
+def test_a_gpu_that_only_another_thread_holds_is_found_and_its_process_ended(mod, node, sandbox, mode) -> None:
+    """Issue 26, the kill's side: a thread with a file table of its own holds the GPU's device file, or the process's
+    main thread has exited while another thread keeps it open (its main thread reads Z and PF_EXITING: no teardown,
+    it lives on). The kill finds both (fd holders: management clients, ended on request) and ends them; the
+    mapped case is tests/unit/plugins/module_utils/test__proctable.py's (the simulated device maps as /dev/zero)."""
+    from support.threads import THREAD_HOLDER
+
+    proc = sandbox.popen([sys.executable, "-c", THREAD_HOLDER, mode, str(node.dev_dir / "nvidia3")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        # Every GPU: a holder NVML does not list is tied to one selected GPU only through memory nobody owns.
+        r = mod("gpu_procs_kill", {**FAST, "kill_management_clients": True})
+        assert r["_status"] == "ok", r
+        found = [x for x in r["targets"] if "nvidia3" in " ".join(x["reasons"])]
+        assert found, json.dumps({k: r.get(k) for k in ("targets", "ignored", "msg", "protected")}, default=str)[:3000]
+        t = found[0]
+        assert t["outcome"] in ("terminated", "killed"), t
+        assert wait_for(lambda: proc.poll() is not None)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -275,3 +275,30 @@ def test_reads_of_a_process_in_state_d_are_made_under_a_deadline(tmp_path: Path)
     # A live process read as if it were in state D gives the same answer as a direct read.
     me = os.getpid()
     assert _proctable.read_command(me, "D") == _proctable.read_command(me)
+
+
+@pytest.mark.parametrize(("mode", "fds", "maps"), [("files", {0}, set()), ("exit-fd", {0}, set()), ("exit-map", {0}, {0})])
+def test_a_gpu_file_only_another_thread_holds_is_found(devdir: Path, thread_hold, mode: str, fds: set[int], maps: set[int]) -> None:
+    """A thread with a file table of its own, or the threads of a process whose main thread has exited, hold what the
+    process holds: the kill must find them as the residue does (issue 26)."""
+    p = thread_hold(mode, devdir / "nvidia0")
+    holders, _unreadable = _proctable.scan_device_holders(str(devdir), only=[p.pid])
+    assert p.pid in holders, mode
+    assert (holders[p.pid].gpu_fds, holders[p.pid].gpu_maps) == (fds, maps)
+    st = _proctable.read_stat(p.pid)
+    assert st is not None
+    if mode.startswith("exit"):
+        # Its main thread reads as a zombie, and as exiting; the process lives on in its other thread.
+        assert st["state"] == "Z" and st["threads"] == 2 and _proctable.live_threads(p.pid)
+    assert not _proctable.exited(st["state"], st["threads"])
+
+
+def test_a_real_zombie_has_exited_and_no_live_thread(tmp_path: Path) -> None:
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while (_proctable.read_stat(child.pid) or {}).get("state") != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    st = _proctable.read_stat(child.pid)
+    assert st is not None and st["state"] == "Z"
+    assert _proctable.exited(st["state"], st["threads"]) and not _proctable.live_threads(child.pid)
+    child.wait()

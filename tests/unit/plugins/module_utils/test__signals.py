@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import typing as t
 from pathlib import Path
 
 import pytest
@@ -23,18 +26,15 @@ CHILD = textwrap.dedent(
     elif mode.startswith("slow:"):
         delay = float(mode.split(":")[1])
         signal.signal(signal.SIGTERM, lambda *_: (time.sleep(delay), sys.exit(0)))
-    elif mode.startswith(("dying:", "dies-on-term:")):
-        # A process in its teardown, as a killed torch worker is: its leader exits (a zombie, PF_EXITING) while
-        # another thread finishes and ends the process DELAY seconds later. ctypes drops the GIL for the call.
-        import ctypes, os, threading
-        delay = float(mode.split(":")[1])
-        def teardown(*_):
-            threading.Thread(target=lambda: (time.sleep(delay), os._exit(0))).start()
-            ctypes.CDLL(None).pthread_exit(None)
-        if mode.startswith("dying:"):
-            print("ready", flush=True)
-            teardown()
-        signal.signal(signal.SIGTERM, teardown)
+    elif mode in ("dying", "dies-on-term"):
+        # A process in its teardown, as a killed torch worker is: it exits (exit_group), and one of its threads is stuck
+        # in the kernel with SIGKILL pending (in the driver, there; here frozen by the test through the cgroup v1
+        # freezer before the exit), so the process is gone only once that thread can die (the test thaws it).
+        import os, threading
+        stuck = threading.Thread(target=lambda: time.sleep(3600), daemon=True)
+        stuck.start()
+        print(stuck.native_id, flush=True)
+        signal.signal(signal.SIGUSR1 if mode == "dying" else signal.SIGTERM, lambda *_: os._exit(0))
     print("ready", flush=True)
     while True:
         time.sleep(1)
@@ -48,7 +48,10 @@ def spawn():
 
     def _spawn(mode: str = "default") -> subprocess.Popen:
         p = subprocess.Popen([sys.executable, "-c", CHILD, mode], stdout=subprocess.PIPE, text=True)
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert p.stdout is not None
+        if mode in ("dying", "dies-on-term"):
+            p.stuck_tid = int(p.stdout.readline())  # type: ignore[attr-defined]
+        assert p.stdout.readline().strip() == "ready"
         procs.append(p)
         return p
 
@@ -178,45 +181,110 @@ def test_a_process_stuck_in_d_state_is_reported_unkillable(spawn, tmp_path: Path
         group.rmdir()
 
 
-def wait_state(pid: int, states: str) -> None:
+@contextlib.contextmanager
+def stuck_thread(p: subprocess.Popen) -> t.Iterator[t.Callable[[float], None]]:
+    """Freeze the child's other thread (cgroup v1 freezer: D state, deaf to SIGKILL until thawed), as a thread stuck in
+    the driver; yields ``thaw_in(seconds)``; thawed at the end whatever happened."""
+    group = FREEZER / f"gpuops-test-{os.getpid()}-{p.pid}"
+    group.mkdir()
+    tid = p.stuck_tid  # type: ignore[attr-defined]
+    timers: list[threading.Timer] = []
+
+    def thaw() -> None:
+        (group / "freezer.state").write_text("THAWED")
+
+    def thaw_in(seconds: float) -> None:
+        timers.append(threading.Timer(seconds, thaw))
+        timers[-1].start()
+
+    try:
+        (group / "tasks").write_text(str(tid))
+        (group / "freezer.state").write_text("FROZEN")
+        deadline = time.time() + 5
+        while (group / "freezer.state").read_text().strip() != "FROZEN" and time.time() < deadline:
+            time.sleep(0.01)
+        yield thaw_in
+    finally:
+        for timer in timers:
+            timer.cancel()
+        thaw()
+        p.kill()
+        p.wait()
+        deadline = time.time() + 5
+        while group.exists() and time.time() < deadline:
+            try:
+                group.rmdir()
+            except OSError:
+                time.sleep(0.05)
+
+
+def exit_now(p: subprocess.Popen) -> None:
+    """Make the child exit (exit_group) while its other thread is stuck: until its leader is a zombie."""
+    os.kill(p.pid, signal.SIGUSR1)
     deadline = time.time() + 5
-    while (_proctable.read_stat(pid) or {}).get("state") not in states and time.time() < deadline:
+    while (_proctable.read_stat(p.pid) or {}).get("state") != "Z" and time.time() < deadline:
         time.sleep(0.01)
 
 
+needs_freezer = pytest.mark.skipif(not (FREEZER / "freezer.state").exists() and not FREEZER.is_dir(), reason="cgroup v1 freezer not available")
+
+
+@needs_freezer
 def test_a_process_already_in_its_teardown_is_waited_for_never_signalled(spawn) -> None:
-    # Dying before the kill came (a crash, the OOM killer): its leader is a zombie, its last thread ends 1.5 s later.
-    p = spawn("dying:1.5")
-    wait_state(p.pid, "Z")
-    v = victim(p)
-    assert v.outcome is None and _signals.exiting(p.pid, v.identity)
-    start = time.monotonic()
-    _signals.escalate([v], grace_period=0.2, kill_timeout=0.2, deadline=start + 30)
-    # Waited past grace and kill_timeout, up to its end; nothing sent (SIGKILL cannot shorten a teardown).
-    assert v.outcome == "exited" and v.signals_sent == []
-    assert v.teardown_s is not None and v.teardown_s >= 1.0, v
-    assert p.wait(timeout=5) == 0  # it ended by itself: a SIGKILL would read -9
+    # Dying before the kill came (a crash, the OOM killer): its leader has exited, its last thread is stuck in the
+    # kernel with SIGKILL pending and ends 1.5 s later.
+    p = spawn("dying")
+    with stuck_thread(p) as thaw_in:
+        exit_now(p)
+        v = victim(p)
+        assert v.outcome is None and _signals.exiting(p.pid, v.identity)
+        thaw_in(1.5)
+        start = time.monotonic()
+        _signals.escalate([v], grace_period=0.2, kill_timeout=0.2, deadline=start + 30)
+        # Waited past grace and kill_timeout, up to its end; nothing sent (SIGKILL cannot shorten a teardown).
+        assert v.outcome == "exited" and v.signals_sent == []
+        assert v.teardown_s is not None and v.teardown_s >= 1.0, v
+        assert p.wait(timeout=5) == 0  # it ended by itself: a SIGKILL would read -9
 
 
+@needs_freezer
 def test_a_teardown_longer_than_the_grace_period_gets_no_sigkill(spawn) -> None:
     # SIGTERM makes it exit, but its teardown outlasts the grace period: it is on its way, SIGKILL would change nothing.
-    p = spawn("dies-on-term:1.5")
-    v = victim(p)
-    start = time.monotonic()
-    _signals.escalate([v], grace_period=0.3, kill_timeout=0.3, deadline=start + 30)
-    assert v.outcome == "terminated" and v.signals_sent == ["TERM"], v
-    assert v.teardown_s is not None and v.teardown_s >= 0.5
-    assert p.wait(timeout=5) == 0
+    p = spawn("dies-on-term")
+    with stuck_thread(p) as thaw_in:
+        v = victim(p)
+        thaw_in(1.5)
+        start = time.monotonic()
+        _signals.escalate([v], grace_period=0.3, kill_timeout=0.3, deadline=start + 30)
+        assert v.outcome == "terminated" and v.signals_sent == ["TERM"], v
+        assert v.teardown_s is not None and v.teardown_s >= 0.5
+        assert p.wait(timeout=5) == 0
 
 
+@needs_freezer
 def test_a_teardown_that_outlasts_the_deadline_is_unkillable_on_time(spawn) -> None:
-    p = spawn("dying:60")
-    wait_state(p.pid, "Z")
+    p = spawn("dying")
+    with stuck_thread(p):
+        exit_now(p)
+        v = victim(p)
+        start = time.monotonic()
+        _signals.escalate([v], grace_period=0.2, kill_timeout=0.2, deadline=start + 1.0)
+        # Given up at the deadline, not after the stuck thread ends (15 s: room for a loaded machine).
+        assert time.monotonic() - start < 15
+        assert v.outcome == "unkillable" and v.exiting_since is not None and v.state == "Z"
+        assert v.teardown_s is not None and v.teardown_s >= 0.9
+
+
+def test_a_process_whose_main_thread_alone_has_exited_is_signalled_not_waited_for(start_ready) -> None:
+    """Its main thread reads as a zombie and as exiting, but its other thread lives on and holds what the process
+    holds (issue 26): it is no teardown. The kill signals it, and it ends."""
+    from support.threads import THREAD_HOLDER
+
+    p = start_ready(THREAD_HOLDER, "exit-fd", "/dev/null")
+    st = _proctable.read_stat(p.pid)
+    assert st is not None and st["state"] == "Z" and st["threads"] == 2
     v = victim(p)
-    start = time.monotonic()
-    _signals.escalate([v], grace_period=0.2, kill_timeout=0.2, deadline=start + 1.0)
-    # Given up at the deadline, not after the teardown's 60 s (15 s: room for a loaded machine).
-    assert time.monotonic() - start < 15
-    assert v.outcome == "unkillable" and v.exiting_since is not None and v.state == "Z"
-    assert v.teardown_s is not None and v.teardown_s >= 0.9
-    p.kill()
+    assert v.outcome is None and not _signals.exiting(p.pid, v.identity)
+    _signals.escalate([v], grace_period=0.5, kill_timeout=5, deadline=time.monotonic() + 30)
+    assert v.outcome in ("terminated", "killed") and v.signals_sent[:1] == ["TERM"], v
+    assert p.wait(timeout=5) in (-signal.SIGTERM, -signal.SIGKILL)
