@@ -16,6 +16,7 @@ import typing as t
 
 import yaml  # type: ignore[import-untyped]  # no stubs installed
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.splitter import parse_kv
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _outcome, _reasons
@@ -94,8 +95,22 @@ def clean_slate_result(run: t.Any, context: t.Any = None) -> dict[str, t.Any]:
     return _outcome.result(_outcome.steps(_outcome.phase_results(run, mode), records), ctx)
 
 
-def clean_slate_published(result: t.Any) -> dict[str, t.Any]:
-    """The host's set_stats entry: its result without the per-GPU and per-process lists."""
+def clean_slate_published(result: t.Any, hostvars: t.Any = None) -> dict[str, t.Any]:
+    """The host's set_stats entry: its result without the per-GPU and per-process lists. With ``hostvars``, the input is
+    a list of hosts (a batch), and the output each host's entry under its name, for the hosts the role recorded: those
+    with a ``clean_slate_result`` whose clean step was in the run (a run for other --tags records none)."""
+    if hostvars is not None:
+        if not isinstance(result, (list, tuple)):
+            raise AnsibleFilterError("clean_slate_published: with hostvars, the input must be a list of hosts (ansible_play_batch)")
+        out: dict[str, t.Any] = {}
+        for host in result:
+            if host not in hostvars:
+                continue
+            facts = hostvars[host]
+            record, run = facts.get("clean_slate_result"), facts.get("_clean_slate_r_node")
+            if isinstance(record, dict) and not (isinstance(run, dict) and run.get("in_run") is False):
+                out[str(host)] = _outcome.published(record)
+        return out
     if not isinstance(result, dict):
         raise AnsibleFilterError("clean_slate_published: the input must be clean_slate_result")
     return _outcome.published(result)
@@ -124,14 +139,29 @@ def _sentence(message: str) -> str:
     return message if message.endswith(".") else message + "."
 
 
-def role_refusals(spec_result: t.Any, names: t.Any, role_path: t.Any) -> list[str]:
-    """One sentence per refused role variable (see role_refusals.yml)."""
+def _plain(value: t.Any) -> t.Any:
+    """A variable's value as plain lists and dictionaries: the validator copies what it checks, and Ansible's lazily
+    templated containers would take their templar (and its plugin loaders) into the copy."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def role_refusals(given: t.Any, role_path: t.Any) -> list[str]:
+    """One sentence per refused role variable (see role_refusals.yml): ``given`` maps the host's clean_slate_* variables
+    to their values, checked against meta/argument_specs.yml with the validator of ansible.builtin.validate_argument_spec
+    (the same call, so the same words), and every name the spec does not know is refused with the nearest known one."""
+    if not isinstance(given, dict):
+        raise AnsibleFilterError("role_refusals: the input must map the host's clean_slate_* variables to their values")
     spec = role_spec(str(role_path))
-    out = [_sentence(str(e)) for e in (spec_result or {}).get("argument_errors") or []] if isinstance(spec_result, dict) else []
+    checked = ArgumentSpecValidator(spec).validate({k: _plain(v) for k, v in given.items() if k in spec}, validate_role_argument_spec=True)
+    out = [_sentence(str(e)) for e in checked.error_messages]
     known = set(spec) | NOT_OPTIONS
     # Compared without the prefix every name shares, which would make any two names look alike.
     stems = {k[len("clean_slate_") :]: k for k in known}
-    for name in sorted({str(n) for n in names or []} - known):
+    for name in sorted({str(n) for n in given} - known):
         near = difflib.get_close_matches(name[len("clean_slate_") :], sorted(stems), n=1, cutoff=0.6)
         hint = f" (did you mean {stems[near[0]]}?)" if near else ""
         out.append(

@@ -44,21 +44,46 @@ def test_every_module_option_the_role_writes_out_names_a_role_variable() -> None
 
 
 def test_refusals_name_the_variable_without_pythons_types_and_unknown_names_get_the_nearest() -> None:
-    spec = {
-        "argument_errors": [
-            "argument 'clean_slate_grace_period' is of type str and we were unable to convert to float:"
-            " <class 'ansible.module_utils._internal._datatag._AnsibleTaggedStr'> cannot be converted to a float",
-            "value of clean_slate_signal must be one of: TERM, INT, HUP, QUIT, USR1, USR2, KILL, got: STOPP",
-        ]
+    given = {
+        **DEFAULTS,
+        "clean_slate_grace_period": "soon",
+        "clean_slate_signal": "STOPP",
+        "clean_slate_expected_gpu": 8,
+        "clean_slate_zzz": True,
+        # The role's own result and its hook's reading are not options and not refused.
+        "clean_slate_result": {},
+        "clean_slate_preflight": {},
     }
-    names = ["clean_slate_grace_period", "clean_slate_expected_gpu", "clean_slate_result", "clean_slate_hosts", "clean_slate_zzz"]
-    out = f.role_refusals(spec, names, str(ROLE))
+    out = f.role_refusals(given, str(ROLE))
+    # Ansible's own validator, in its words (ansible.builtin.validate_argument_spec says the same), without Python's types.
     assert out[0] == "clean_slate_grace_period must be a number; the value given is text that cannot be read as one."
     assert out[1] == "value of clean_slate_signal must be one of: TERM, INT, HUP, QUIT, USR1, USR2, KILL, got: STOPP."
     assert out[2].startswith("clean_slate_expected_gpu is not a variable of the gpuops.clean_slate.clean_slate role (did you mean clean_slate_expected_gpus?)")
     assert out[3].startswith("clean_slate_zzz is not a variable") and "did you mean" not in out[3]
     assert len(out) == 4 and all("_AnsibleTaggedStr" not in s and "<class" not in s for s in out)
-    assert f.role_refusals({}, sorted(SPEC), str(ROLE)) == []
+    # The defaults pass, and text the spec converts (survey answers) is no refusal.
+    assert f.role_refusals(dict(DEFAULTS), str(ROLE)) == []
+    assert f.role_refusals({**DEFAULTS, "clean_slate_grace_period": "2", "clean_slate_include_children": "yes"}, str(ROLE)) == []
+    with pytest.raises(AnsibleFilterError):
+        f.role_refusals(["clean_slate_signal"], str(ROLE))
+
+
+def test_published_for_a_batch_holds_each_host_the_role_recorded() -> None:
+    result = {"clean": True, "summary": "a: 2/2 GPUs clean", "gpus": [{"index": 0}], "targets": [{"pid": 1}]}
+    hostvars = {
+        "a": {"clean_slate_result": result, "_clean_slate_r_node": {"in_run": True}},
+        # Rescued before the clean (one of its tasks before the kill failed): recorded all the same.
+        "b": {"clean_slate_result": {"clean": False, "summary": "b: FAILED"}},
+        # A run for other --tags: the role recorded nothing (an older result is not published again).
+        "c": {"clean_slate_result": result, "_clean_slate_r_node": {"in_run": False}},
+        # Not reached by the role.
+        "d": {},
+    }
+    out = f.clean_slate_published(["a", "b", "c", "d", "e"], hostvars)
+    assert out == {"a": {"clean": True, "summary": "a: 2/2 GPUs clean"}, "b": {"clean": False, "summary": "b: FAILED"}}
+    assert f.clean_slate_published(result) == {"clean": True, "summary": "a: 2/2 GPUs clean"}
+    with pytest.raises(AnsibleFilterError):
+        f.clean_slate_published("a", hostvars)
 
 
 @pytest.mark.parametrize(
