@@ -100,6 +100,7 @@ bench: setup
 	$(PY) tools/bench/kill_verify.py
 	$(PY) tools/bench/inventory.py
 	tools/pidns-run $(PY) tools/bench/role.py
+	tools/pidns-run $(PY) tools/bench/fleet.py
 	tools/pidns-run $(PY) tools/bench/residue.py
 	tools/pidns-run $(PY) tools/bench/sim.py
 	tools/pidns-run $(PY) tools/bench/probe.py

@@ -183,9 +183,10 @@ def payload(path: Path, python: str) -> dict[str, Any]:
             files = len(names)
             lines = sum(zf.read(n).count(b"\n") for n in names)
             zf.extractall(dest)
-    cmd = [python, "-X", "importtime", "-I", "-B", "-c", f"import sys; sys.path.insert(0, {str(dest)!r}); import {fqn}"]
+    # From the payload's directory (python -c puts it first on the path); -E -s: no PYTHON* variables, no user site.
+    cmd = [python, "-X", "importtime", "-E", "-s", "-B", "-c", f"import {fqn}"]
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=str(dest))
     wall = time.perf_counter() - started
     top = []
     for line in done.stderr.splitlines():
