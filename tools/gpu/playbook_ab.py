@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing as t
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,19 +64,22 @@ def main() -> int:
         inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {"gpu-node": host}}}}}))
         (tmp / "empty.yml").write_text(EMPTY)
         (tmp / "ping.yml").write_text(PING)
-        contenders = {
+        contenders: dict[str, tuple[t.Any, ...]] = {
             "empty one-task playbook": (collections_dir(ROOT, tmp, "after"), tmp / "empty.yml"),
             "one ping task (Ansible's floor for a module task)": (tmp / "after", tmp / "ping.yml"),
         }
         if a.baseline:
             contenders[f"playbook before ({a.baseline})"] = (collections_dir(a.baseline, tmp, "before"), a.baseline.resolve() / "playbooks" / "clean_slate.yml")
         contenders["playbook after (this checkout)"] = (tmp / "after", ROOT / "playbooks" / "clean_slate.yml")
+        # The same without the CUDA start on each GPU: the role's shape alone, against a baseline that had no probe.
+        contenders["playbook after, clean_slate_cuda_probe=false"] = (tmp / "after", ROOT / "playbooks" / "clean_slate.yml", "clean_slate_cuda_probe=false")
         walls: dict[str, list[float]] = {name: [] for name in contenders}
         for _unused in range(a.repeat):
-            for name, (collections, playbook) in contenders.items():
+            for name, (collections, playbook, *extra) in contenders.items():
                 env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1", ANSIBLE_PIPELINING="True")
                 start = time.perf_counter()
-                run = subprocess.run(["ansible-playbook", "-i", str(inventory), str(playbook)], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+                argv = ["ansible-playbook", "-i", str(inventory), str(playbook)] + [x for e in extra for x in ("-e", e)]
+                run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
                 walls[name].append(round(time.perf_counter() - start, 3))
                 if run.returncode != 0:
                     print(f"{name}: rc {run.returncode}\n{run.stdout[-2000:]}{run.stderr[-2000:]}", file=sys.stderr)
