@@ -86,8 +86,8 @@ class AnsibleRun:
         return found[-1]
 
     def summary(self, host: str | None = None) -> str:
-        """The role's summary line of ``host``: what "Show the result" printed for a host that passed, and the last
-        task's message for one that failed."""
+        """The role's summary line of ``host`` (clean_slate_result.summary): what the role's last task shows for every
+        host, and the message it fails a dirty host with."""
         return str(self.clean_slate_result(host)["summary"])
 
     def role_clean(self, host: str | None = None) -> dict[str, Any]:

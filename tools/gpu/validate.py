@@ -412,7 +412,7 @@ class Harness:
         self.executions[name] = executions(records)
         if rc == 0:
             self.check(f"{name}: playbook ended every workload", not any(p.alive() for p in procs))
-            summary = task(records, "Show the result")["result"]["msg"]
+            summary = task(records, "Fail the host when its GPUs are not proven clean")["result"]["msg"]
             print(f"    {summary}")
         self.cleanup(procs)
         return wall
@@ -621,7 +621,8 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int, phases: t.Sequence[st
         print(f"idle: {idle}", flush=True)
         h.check("idle GPUs have v2 used <= 64 MiB (reserved memory is not counted)", all(g["used"] <= 64 for g in idle))
         h.check("idle v1 used includes reserved memory (the trap)", all(g["v1_used"] >= g["reserved"] for g in idle), str(idle))
-        rc, _w, records, out = ansible.run(ansible.play([{"name": "verify", "gpuops.clean_slate.gpu_mem_verify": {"expected_count": backend.count}}]))
+        idle_verify = {"expected_count": backend.count, "device_dir": backend.device_dir}
+        rc, _w, records, out = ansible.run(ansible.play([{"name": "verify", "gpuops.clean_slate.gpu_mem_verify": idle_verify}]))
         h.check("gpu_mem_verify reads the idle node clean", rc == 0 and task(records, "verify")["result"]["clean"], out)
         mgmt = backend.spawn([{"gpu": 0, "nvml_only": True}])[0]
         if "health" in phases:
