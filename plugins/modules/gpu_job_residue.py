@@ -17,13 +17,21 @@ description:
     C(ipc://) and other unix socket files (socket files only), O(locks) are lock files of JIT compile caches (regular
     files, searched with C(**) through the cache directories), O(dirs) are per-run directories removed as a whole.
   - Removes an item only when it is provably orphaned. No thread of any live process has it (or, for a directory,
-    anything in it) open or mapped (C(/proc/*/fd), C(/proc/*/maps)), holds a lock on it (C(/proc/locks)), has a socket
-    bound to it (the unix socket table of every network namespace), or works inside it (its working directory or
-    root). Every thread counts, not only a process's main one, as C(/proc/PID/task/TID) shows it; a thread may have a file
-    table, a working directory or a network namespace of its own, and a process whose main thread has exited while
-    others run is alive. Items are matched by device and inode, so the same path in another mount namespace is never
-    confused with it. Anything held is kept and reported with its holders (pid, name, how, and whether the holder is
-    a protected daemon).
+    anything in it) open or mapped (C(/proc/*/fd), C(/proc/*/maps)), holds a lock on it (C(/proc/locks), flock, POSIX
+    and OFD locks), has a socket bound to it (the unix socket table of every network namespace), or works inside it
+    (its working directory or root; for a lock file, inside its directory, as torch's ninja works in the directory of
+    its C(lock) baton). Every thread counts, not only a process's main one, as C(/proc/PID/task/TID) shows it; a thread
+    may have a file table, a working directory or a network namespace of its own, and a process whose main thread has
+    exited while others run is alive. Items are matched by device and inode, so the same path in another mount
+    namespace is never confused with it. Anything held is kept and reported with its holders (pid, name, how, and
+    whether the holder is a protected daemon).
+  - Unheld is not yet orphaned. A name that carries its creator's pid (SGLang's C(sgl_shm_<kind>_<pid>_<rand>) and
+    C(multi_tokenizer_args_<pid>), torch's C(torch_<pid>_<rand>_<n>), the CUDA driver's C(cuda.shm.0.<pid in
+    hex>.<n>)) is kept while that process lives and started no later than the file last changed (a newer process
+    with the same pid is not its creator); the pid is looked up in the scope's own PID namespace. Any item that
+    changed (mtime or ctime; for a directory anything in it) less than O(min_age) seconds ago is kept, since a
+    server starting right now has a segment between C(shm_open) and C(mmap) that nothing holds yet. Both are
+    reported in RV(kept) with why; check mode applies the same rules.
   - Paths are walked one component at a time from directory file descriptors without following any symbolic link, so
     no pattern leaves its root; right before each unlink the item is checked again through its directory and must
     still be the file that was judged, with one name only (a file with another hard link is left alone, since a
@@ -54,12 +62,24 @@ options:
   shm:
     description:
       - Absolute path globs of shared memory residue. Only regular files are considered.
-      - The defaults match NCCL segments (C(nccl-XXXXXX)), vLLM's (C(vllm_offload_*.mmap), C(vllm-*)), torch's
-        (C(torch_<pid>_<n>)), Python's C(multiprocessing.shared_memory) (C(psm_*)) and multiprocessing semaphores
-        (C(sem.mp-*)).
+      - The defaults match NCCL segments (C(nccl-XXXXXX)), vLLM's (C(vllm_offload_*.mmap), C(vllm-*), the multimodal
+        object store C(VLLM_OBJECT_STORAGE_SHM_BUFFER*)), torch's (C(torch_<pid>_<rand>_<n>)), Python's
+        C(multiprocessing.shared_memory) (C(psm_*), vLLM's queues) and multiprocessing semaphores (C(sem.mp-*)),
+        SGLang's (C(sgl_shm_<kind>_<pid>_<rand>), C(sglang_loads_*.shm), C(multi_tokenizer_args_<pid>)) and the CUDA
+        driver's IPC segments (C(cuda.shm.*)). The user guide names the source that makes each.
     type: list
     elements: str
-    default: [/dev/shm/nccl-*, /dev/shm/vllm*, /dev/shm/torch_*, /dev/shm/psm_*, /dev/shm/sem.mp-*]
+    default:
+      - /dev/shm/nccl-*
+      - /dev/shm/vllm*
+      - /dev/shm/VLLM_OBJECT_STORAGE_SHM_BUFFER*
+      - /dev/shm/torch_*
+      - /dev/shm/psm_*
+      - /dev/shm/sem.mp-*
+      - /dev/shm/sgl_shm_*
+      - /dev/shm/sglang_loads_*.shm
+      - /dev/shm/multi_tokenizer_args_*
+      - /dev/shm/cuda.shm.*
   sockets:
     description:
       - Absolute path globs of unix socket files. Only socket files are considered, so a glob may be broad.
@@ -92,6 +112,7 @@ options:
       - /root/.cache/vllm/**/*.lock
       - /home/*/.cache/vllm/**/*.lock
       - /tmp/torchinductor_*/locks/*.lock
+      - /tmp/????????????????????????????????????????????????????????????????*.lock
   dirs:
     description:
       - Absolute path globs of per-run directories, removed with everything in them when nothing in them is held
@@ -107,11 +128,33 @@ options:
       - The kinds of orphaned items to remove. Orphaned items of other kinds are reported as RV(stale).
       - Lock files and directories are not removed by default. A live compile's lock baton and a live torchelastic
         agent's run directory are not held open all the time, so no holder does not prove that their job is dead;
-        add them when no job runs on the host.
+        add them when no job runs on the host. A lock then goes only when nothing holds it (open, flock, POSIX or OFD
+        lock, a process working in its directory), its named creator (if its name has one) is dead, and it is older
+        than O(min_age).
     type: list
     elements: str
     choices: [shm, sockets, locks, dirs]
     default: [shm, sockets]
+  min_age:
+    description:
+      - Seconds an unheld item must have gone unchanged (its mtime and ctime; for a directory, anything in it)
+        before it may be removed; a younger one is kept and listed in RV(kept). From 0 to 86400 (one day); a negative
+        or non-finite value is refused with RV(reason=bad_arguments).
+      - The default, a minute, is four orders of magnitude above the gap between a segment's creation and its first
+        holder in a starting server (within a millisecond for every name a torch server tree made on an H200), and
+        below the age of what a crashed server made when it started, so a run right after a crash removes it.
+    type: float
+    default: 60
+  roots:
+    description:
+      - The directories residue is looked for in. Every pattern of O(shm), O(sockets), O(locks) and O(dirs) must lie
+        under one of them, or the module refuses with RV(reason=bad_arguments) before anything is looked at.
+      - Add a site's cache root deliberately (for example C(/sgl-workspace) for AITER's batons). A root must be an
+        absolute directory without globs, and never C(/) or a system directory (C(/bin), C(/boot), C(/dev) but
+        C(/dev/shm), C(/etc), C(/lib*), C(/proc), C(/run), C(/sbin), C(/sys), C(/usr), C(/var) but C(/var/tmp)).
+    type: list
+    elements: str
+    default: [/dev/shm, /tmp, /var/tmp, /root, /home]
   users:
     description:
       - Only consider items owned by these users (names or uids). Empty means any owner.
@@ -208,6 +251,7 @@ EXAMPLES = r"""
     users: [inference]
     locks:
       - /sgl-workspace/aiter/aiter/jit/build/lock_*
+    roots: [/dev/shm, /tmp, /var/tmp, /root, /home, /sgl-workspace]
     remove: [shm, sockets, locks]
 
 - name: From a Proxmox hypervisor, inside LXC container 129 only
@@ -217,11 +261,13 @@ EXAMPLES = r"""
     patterns: ['^sglang::', 'sglang\.launch_server']
     pct_path: /usr/sbin/pct
 
-- name: Extra residue locations and a protected exporter
+- name: Extra residue locations and a protected exporter; nothing younger than ten minutes goes
   gpuops.clean_slate.gpu_job_residue:
     shm: [/dev/shm/nccl-*, /dev/shm/myjob-*]
-    sockets: [/run/myjob/*.sock]
+    sockets: [/tmp/myjob/*.sock]
     dirs: [/scratch/tmp/torchelastic_*]
+    roots: [/dev/shm, /tmp, /scratch/tmp]
+    min_age: 600
     protect: [my-gpu-exporter]
     list_limit: 50
 """
@@ -241,14 +287,16 @@ summary:
     removed: 12
     removed_bytes: 3328599654
     held: 1
+    kept: 1
     stale: 0
     ignored: 0
     errors: 0
-    kinds: {"shm": {"removed": 12, "bytes": 3328599654, "held": 1, "stale": 0}}
+    kinds: {"shm": {"removed": 12, "bytes": 3328599654, "held": 1, "kept": 1, "stale": 0}}
     ports: {"30000": free}
     zombies: 0
     non_reaping: []
-    paths: {"removed": ["/dev/shm/nccl-a1B2c3"], "held": ["/dev/shm/nccl-Zz9y8x (812 nv-hostengine)"], "stale": []}
+    paths: {"removed": ["/dev/shm/nccl-a1B2c3"], "held": ["/dev/shm/nccl-Zz9y8x (812 nv-hostengine)"],
+            "kept": ["/dev/shm/torch_733_2399602362_1 (its creator, PID 733 (sglang::schedul), is alive; kept while it lives)"], "stale": []}
     msg: 12 stale segments (3.1 GiB) removed, port 30000 free
 removed:
   description: The orphaned items removed (in check mode, those that would be).
@@ -283,7 +331,8 @@ removed:
       sample: true
 held:
   description: Items kept because a live process holds them, with up to 10 holders each (C(pid), C(name), C(cmdline),
-    C(how) - V(fd), V(mmap), V(lock), V(bound), V(cwd) or V(root) - C(protected), C(container)).
+    C(how) - V(fd), V(mmap), V(lock), V(bound), V(cwd) or V(root), for a lock file also V(cwd in its directory) -
+    C(protected), C(container)).
   returned: always
   type: list
   elements: dict
@@ -294,6 +343,20 @@ held:
       uid: 0
       container: null
       holders: [{"pid": 812, "name": nv-hostengine, "how": [mmap], "protected": true, "container": null}]
+kept:
+  description: Items nothing holds that are kept, with why - their named creator lives (C(creator) gives its C(pid)
+    and C(name)), or they changed less than O(min_age) seconds ago.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - path: /dev/shm/torch_733_2399602362_1
+      kind: shm
+      bytes: 4096
+      uid: 0
+      container: null
+      creator: {"pid": 733, "name": "sglang::schedul"}
+      why: its creator, PID 733 (sglang::schedul), is alive; kept while it lives
 stale:
   description: Orphaned items of a kind O(remove) does not include (stale JIT locks by default), kept.
   returned: always

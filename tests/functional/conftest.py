@@ -5,12 +5,15 @@ module through real ansible-playbook inside that sandbox."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 import typing as t
 from pathlib import Path
 
 import pytest
 from gpusim import Node
+from gpusim.residue import private_shm
 from support.modules import ModuleRunner
 
 
@@ -25,6 +28,22 @@ def sandbox(node: Node):
     sb = node.sandbox()
     yield sb
     sb.stop()
+
+
+@pytest.fixture
+def stand_in_tmp() -> t.Iterator[Path]:
+    """A test-owned stand-in for /tmp with a short path (a unix socket path has 107 bytes at most): the temp
+    directory of the servers a test starts, which no other test's residue shares."""
+    top = Path(tempfile.mkdtemp(prefix="t-"))
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def shm_sandbox(sandbox):
+    """The sandbox with a /dev/shm of its own (a tmpfs), for residue made there."""
+    private_shm(sandbox)
+    return sandbox
 
 
 @pytest.fixture

@@ -48,6 +48,8 @@ def inventory(path: Path, node: Node, work: Path, cache: Path, **extra: t.Any) -
         ],
         "clean_slate_residue_locks": [f"{cache}/**/*.lock", f"{cache}/torch_extensions/**/lock"],
         "clean_slate_residue_dirs": [f"{work}/torchelastic_*"],
+        # The residue these tests make is seconds old: no minimum age (test_role_servers holds that rule).
+        "clean_slate_residue_min_age": 0,
         **extra,
     }
     return local_inventory(path / "inventory.yml", {"gpu-node-1": host})

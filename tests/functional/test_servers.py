@@ -7,31 +7,18 @@ from __future__ import annotations
 import os
 import typing as t
 
-import pytest
-from gpusim.residue import private_shm
 from gpusim.servers import start_sglang, start_vllm
-from support.modules import ModuleRunner, assert_no_traceback
-
-
-@pytest.fixture
-def sandbox(node):
-    sb = node.sandbox()
-    private_shm(sb)
-    yield sb
-    sb.stop()
-
-
-@pytest.fixture
-def mod(node, sandbox) -> ModuleRunner:
-    return ModuleRunner(node, sandbox)
+from support.modules import assert_no_traceback
 
 
 def by_pid(result: dict[str, t.Any]) -> dict[int, dict[str, t.Any]]:
     return {x["pid"]: x for x in result["targets"]}
 
 
-def test_one_run_ends_a_live_sglang_tree_its_resource_tracker_included(mod, node, sandbox) -> None:
-    srv = start_sglang(node, sandbox=sandbox, tp=8, port=0, nccl_port=0, mib=20000)
+def test_one_run_ends_a_live_sglang_tree_its_resource_tracker_included(mod, node, shm_sandbox, stand_in_tmp) -> None:
+    sandbox = shm_sandbox
+    work = str(stand_in_tmp)
+    srv = start_sglang(node, sandbox=sandbox, tmp=work, tp=8, port=0, nccl_port=0, mib=20000)
     [tracker] = srv.role("resource_tracker")
     # Names find the launcher, the detokenizer and the schedulers (the GPUs find those too); the resource tracker
     # holds no GPU and matches no name, but it is in the session the launcher leads.
@@ -45,8 +32,10 @@ def test_one_run_ends_a_live_sglang_tree_its_resource_tracker_included(mod, node
     assert_no_traceback(r)
 
 
-def test_one_run_ends_a_crashed_vllm_tree_its_orphans_found_through_the_dead_servers_group(mod, node, sandbox) -> None:
-    srv = start_vllm(node, sandbox=sandbox, tp=8, port=0, mib=20000)
+def test_one_run_ends_a_crashed_vllm_tree_its_orphans_found_through_the_dead_servers_group(mod, node, shm_sandbox, stand_in_tmp) -> None:
+    sandbox = shm_sandbox
+    work = str(stand_in_tmp)
+    srv = start_vllm(node, sandbox=sandbox, tmp=work, tp=8, port=0, mib=20000)
     api = srv.launcher
     survivors = srv.crash()  # the engine core OOM-killed: the API server exits, the workers are orphans
     [tracker] = srv.role("resource_tracker")
@@ -59,8 +48,10 @@ def test_one_run_ends_a_crashed_vllm_tree_its_orphans_found_through_the_dead_ser
     assert srv.alive() == [] and node.contexts() == []
 
 
-def test_with_a_gpu_subset_a_crashed_tree_on_other_gpus_keeps_its_shared_members(mod, node, sandbox) -> None:
-    srv = start_vllm(node, sandbox=sandbox, tp=8, port=0, mib=20000)
+def test_with_a_gpu_subset_a_crashed_tree_on_other_gpus_keeps_its_shared_members(mod, node, shm_sandbox, stand_in_tmp) -> None:
+    sandbox = shm_sandbox
+    work = str(stand_in_tmp)
+    srv = start_vllm(node, sandbox=sandbox, tmp=work, tp=8, port=0, mib=20000)
     srv.crash()
     [tracker] = srv.role("resource_tracker")
     r = mod("gpu_procs_kill", {"gpus": [3], "patterns": ["^VLLM::"], "grace_period": 5})

@@ -1244,6 +1244,8 @@ class Lab:
             "clean_slate_grace_period: 1\n"
             "clean_slate_kill_timeout: 5\n"
             "clean_slate_verify_timeout: 10\n"
+            "# The lab's crashed servers are seconds old: their residue goes at once (a real one's is older than the minute).\n"
+            "clean_slate_residue_min_age: 0\n"
         )
         for host in self.hosts.values():
             lines = [

@@ -61,3 +61,10 @@ def wait_for(condition: t.Callable[[], bool], timeout: float = 5.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def sockets_under(tmp: t.Any) -> list[str]:
+    """gpu_job_residue's default socket globs for /tmp, moved under ``tmp`` (a test's stand-in for /tmp)."""
+    from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import walk
+
+    return [g.replace("/tmp/", f"{tmp}/", 1) for g in walk.DEFAULT_SOCKETS if g.startswith("/tmp/")]

@@ -20,11 +20,17 @@ from dataclasses import dataclass, field
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _holders, _ports, _procs, _protection, _reasons, _scope
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
-from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import owners, remove, report, walk
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue import keep, owners, remove, report, walk
 
 # Locks and directories are only reported by default: a live compile's baton and a live torchelastic agent's
 # log directory are not held open all the time, so "nothing holds it" does not prove the job is dead.
 DEFAULT_REMOVE = ("shm", "sockets")
+# A file nothing holds is left alone while it is younger than this: a server starting beside the run makes its
+# segments one after another and maps each within a millisecond (the H200's torch tree: every name it made was
+# created and mapped in the same millisecond, server-facts 2026-12-02); a minute is that with four orders of
+# magnitude to spare for a loaded or stopped starter, and short enough that what a crashed server made when it
+# started (minutes or hours ago) goes in the run right after the crash. SGLang's own CI sweep waits 10 minutes.
+DEFAULT_MIN_AGE = 60.0
 FAIL_ON = ("listening", "connected", "time_wait")
 #: The most entries one list of the result may be asked to hold.
 MAX_LIST_LIMIT = 1_000_000
@@ -45,6 +51,7 @@ class Request:
     protect: list[str] = field(default_factory=list)
     fail_on: set[str] = field(default_factory=lambda: {"listening"})
     list_limit: int = 200
+    min_age: float = 0.0  # the module's default is DEFAULT_MIN_AGE (its argument spec); a bare Request keeps nothing for its age
 
 
 def validate_ports(ports: t.Sequence[int]) -> list[int]:
@@ -116,11 +123,17 @@ def _run(req: Request, check_mode: bool, roots: list[walk.Root], walkers: list[w
     for walker in walkers:
         watch.names |= walker.names  # every matched name, the files' own included
     watch.name_only = owners.overlay_names(judged, roots)
+    # A compile lock is held too by a process working in its directory (torch's ninja builds in the baton's).
+    lock_dirs = keep.lock_directories(judged)
+    watch.cwd_keys |= lock_dirs.keys()
     scan = _holders.scan(watch)
     locks = _holders.read_locks(watch.keys)
     bound, unbound_names = owners.bound_sockets(scan, sock_keys, sock_names)
     holders = owners.Holders(req.protect, req.patterns)
     owners.judge(judged, scan, locks, bound, unbound_names, holders)
+    keep.worked_in(lock_dirs, scan, holders)
+    # Unheld is not unused while its named creator lives, or while it is younger than min_age (check mode too).
+    keep.apply(judged, {root.vmid: root for root in roots}, req.min_age)
 
     for item in judged:
         if item.verdict == "remove" and item.kind not in req.remove:
@@ -169,6 +182,8 @@ def build_request(p: t.Mapping[str, t.Any], scopes_of: t.Callable[[], list[_scop
     ``scopes_of`` resolves the ``containers`` option (through pct), once the rest is known good.
     """
     globs = [walk.parse_glob(kind, pattern) for kind in walk.KINDS for pattern in p[kind]]
+    walk.check_roots(globs, walk.parse_roots(p["roots"]))
+    _checks.number("min_age", p["min_age"], 0, _checks.MAX_SECONDS, unit="seconds")
     _checks.number("time_wait_timeout", p["time_wait_timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
     _checks.number("list_limit", p["list_limit"], 0, MAX_LIST_LIMIT)
     for vmid in p["containers"]:
@@ -188,6 +203,7 @@ def build_request(p: t.Mapping[str, t.Any], scopes_of: t.Callable[[], list[_scop
         protect=protect,
         fail_on=set(p["fail_on"]),
         list_limit=p["list_limit"],
+        min_age=p["min_age"],
     )
 
 
@@ -198,7 +214,9 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "sockets": {"type": "list", "elements": "str", "default": list(walk.DEFAULT_SOCKETS)},
         "locks": {"type": "list", "elements": "str", "default": list(walk.DEFAULT_LOCKS)},
         "dirs": {"type": "list", "elements": "str", "default": list(walk.DEFAULT_DIRS)},
+        "roots": {"type": "list", "elements": "str", "default": list(walk.DEFAULT_ROOTS)},
         "remove": {"type": "list", "elements": "str", "choices": list(walk.KINDS), "default": list(DEFAULT_REMOVE)},
+        "min_age": {"type": "float", "default": DEFAULT_MIN_AGE},
         "users": {"type": "list", "elements": "str", "default": []},
         "ports": {"type": "list", "elements": "int", "default": []},
         "time_wait_timeout": {"type": "float", "default": 0},

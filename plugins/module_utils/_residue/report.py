@@ -46,6 +46,8 @@ def message(summary: dict[str, t.Any], ports: list[dict[str, t.Any]], check_mode
         parts.append("no stale residue")
     if summary["held"]:
         parts.append(f"{summary['held']} held by live processes (kept)")
+    if summary["kept"]:
+        parts.append(f"{summary['kept']} unheld but kept (a live creator, or younger than min_age)")
     if summary["stale"]:
         parts.append(f"{_counted({k: v['stale'] for k, v in kinds.items()}).replace(' ', ' stale ', 1)} reported (removal not enabled)")
     if summary["errors"]:
@@ -86,12 +88,14 @@ def report(
 ) -> dict[str, t.Any]:
     """The module result; raises CleanSlateError (carrying the result) for a failure (as ``fail_on`` asks, for ports)."""
     gone = ("remove", "removed") if check_mode else ("removed",)
-    lists: dict[str, list[Item]] = {"removed": [], "held": [], "stale": [], "ignored": [], "errors": []}
+    lists: dict[str, list[Item]] = {"removed": [], "held": [], "kept": [], "stale": [], "ignored": [], "errors": []}
     for item in items:
         if item.verdict in gone:
             lists["removed"].append(item)
         elif item.verdict == "held":
             lists["held"].append(item)
+        elif item.verdict == "kept":
+            lists["kept"].append(item)
         elif item.verdict == "stale":
             lists["stale"].append(item)
         elif item.verdict == "error":
@@ -100,8 +104,8 @@ def report(
             lists["ignored"].append(item)
     for item in lists["removed"]:
         item.stat()  # in check mode, items found by their directory entry get their size here
-    kinds = {k: {"removed": 0, "bytes": 0, "held": 0, "stale": 0} for k in KINDS}
-    for name in ("removed", "held", "stale"):
+    kinds = {k: {"removed": 0, "bytes": 0, "held": 0, "kept": 0, "stale": 0} for k in KINDS}
+    for name in ("removed", "held", "kept", "stale"):
         for item in lists[name]:
             kinds[item.kind][name] += 1
             if name == "removed":
@@ -111,6 +115,7 @@ def report(
         "removed": len(lists["removed"]),
         "removed_bytes": sum(i.nbytes for i in lists["removed"]),
         "held": len(lists["held"]),
+        "kept": len(lists["kept"]),
         "stale": len(lists["stale"]),
         "ignored": len(lists["ignored"]),
         "errors": len(lists["errors"]),
@@ -121,6 +126,7 @@ def report(
         "paths": {
             "removed": [i.path for i in lists["removed"][:limit]],
             "held": [f"{i.path} ({', '.join(str(h['pid']) + ' ' + str(h['name']) for h in i.holders[:3])})" for i in lists["held"][:limit]],
+            "kept": [f"{i.path} ({i.why})" for i in lists["kept"][:limit]],
             "stale": [i.path for i in lists["stale"][:limit]],
         },
     }
@@ -131,6 +137,7 @@ def report(
         "summary": summary,
         "removed": [i.record() for i in lists["removed"][:limit]],
         "held": [i.record() for i in lists["held"][:limit]],
+        "kept": [i.record() for i in lists["kept"][:limit]],
         "stale": [i.record() for i in lists["stale"][:limit]],
         "ignored": [i.record() for i in lists["ignored"][:limit]],
         "errors": [i.record() for i in lists["errors"][:limit]],

@@ -26,17 +26,32 @@ from dataclasses import dataclass, field
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons, _scope
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
-# Sources for the defaults: docs/docsite/rst/guide_clean_slate.rst, "What the residue phase removes".
+# The defaults and the source that makes each name: docs/docsite/rst/guide_clean_slate.rst, "The residue of dead jobs".
 DEFAULT_SHM = (
     "/dev/shm/nccl-*",  # NCCL: mkstemp("/dev/shm/nccl-XXXXXX") (NVIDIA/nccl src/misc/shmutils.cc)
     "/dev/shm/vllm*",  # vLLM: vllm_offload_*.mmap (vllm#54002), vllm-* (prime-rl PR#2331)
-    "/dev/shm/torch_*",  # torch: "/torch_<pid>_<n>" (pytorch aten/src/ATen/MapAllocator.cpp)
-    "/dev/shm/psm_*",  # multiprocessing.shared_memory, used by vLLM's shm_broadcast
-    "/dev/shm/sem.mp-*",  # multiprocessing semaphores (spawn context: named, unlinked at exit)
+    # vLLM's multimodal object store: SharedMemory(name=VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME), whose default is
+    # VLLM_OBJECT_STORAGE_SHM_BUFFER[_<uuid>] (vllm/envs.py; vllm/distributed/device_communicators/shm_object_storage.py)
+    "/dev/shm/VLLM_OBJECT_STORAGE_SHM_BUFFER*",
+    # torch: NewProcessWideShmHandle() "/torch_<pid>_<rand>_<n>" (CUDA IPC ref counters, file_system sharing; older
+    # releases "/torch_<pid>_<n>") (pytorch aten/src/ATen/MapAllocator.cpp)
+    "/dev/shm/torch_*",
+    "/dev/shm/psm_*",  # multiprocessing.shared_memory: vLLM's and SGLang's shm_broadcast queues (older SGLang)
+    "/dev/shm/sem.mp-*",  # multiprocessing semaphores (spawn context: named, unlinked by the resource tracker)
+    # SGLang: make_shm_name(kind) "sgl_shm_<kind>_<pid>_<rand>": mq (distributed/device_communicators/shm_broadcast.py),
+    # nodecheck (distributed/parallel_state.py), mm and sync (multimodal), xputensor (python/sglang/srt/utils/stale_shm_cleanup.py)
+    "/dev/shm/sgl_shm_*",
+    "/dev/shm/sglang_loads_*.shm",  # SGLang: the load snapshot, shm_path_for(ipc_name) (python/sglang/srt/managers/load_snapshot.py)
+    # SGLang: write_data_for_multi_tokenizer(): SharedMemory(name=f"multi_tokenizer_args_{pid}") with --tokenizer-worker-num > 1
+    # (python/sglang/srt/managers/multi_tokenizer_mixin.py)
+    "/dev/shm/multi_tokenizer_args_*",
+    # The CUDA driver's IPC segment "cuda.shm.0.<creator pid in hex>.<n>" (libcuda; what a torch server tree left on an
+    # H200: docs/results/server-facts-h200x1-2026-12-02.json; SGLang's own sweep lists the family)
+    "/dev/shm/cuda.shm.*",
 )
 DEFAULT_SOCKETS = (
-    "/tmp/tmp????????",  # SGLang: ipc://{NamedTemporaryFile(delete=False).name} (sglang server_args.py)
-    "/tmp/????????-????-????-????-????????????",  # vLLM: ipc://{VLLM_RPC_BASE_PATH}/{uuid4()}
+    "/tmp/tmp????????",  # SGLang: ipc://{NamedTemporaryFile(delete=False).name} (python/sglang/srt/server_args.py PortArgs)
+    "/tmp/????????-????-????-????-????????????",  # vLLM: ipc://{VLLM_RPC_BASE_PATH}/{uuid4()} (vllm/utils/network_utils.py)
     "/tmp/*-????????-????-????-????-????????????",  # vLLM: ipc://{TMP_DIR}/{description}-{uuid4()}
     "/tmp/ray/session_*/sockets/*",  # Ray: plasma_store, raylet
     # torch_shm_manager (file_system sharing): a socket in mkdtemp(prefix="torch-shm-dir-"), left when it is killed
@@ -46,18 +61,46 @@ DEFAULT_SOCKETS = (
 DEFAULT_LOCKS = (
     "/root/.cache/flashinfer/**/*.lock",  # flashinfer JIT FileLock (flashinfer#972)
     "/home/*/.cache/flashinfer/**/*.lock",
-    "/root/.cache/torch_extensions/**/lock",  # torch cpp_extension FileBaton (pytorch#189245)
+    "/root/.cache/torch_extensions/**/lock",  # torch cpp_extension FileBaton, O_CREAT|O_EXCL (pytorch#189245)
     "/home/*/.cache/torch_extensions/**/lock",
     "/root/.triton/cache/**/*.lock",
     "/home/*/.triton/cache/**/*.lock",
     "/root/.cache/vllm/**/*.lock",  # vLLM compile cache (vllm#21858)
     "/home/*/.cache/vllm/**/*.lock",
     "/tmp/torchinductor_*/locks/*.lock",  # torch inductor's cache locks
+    # vLLM's weight download lock: FileLock(f"{tempdir}/{sha256(model)}{model}.lock") (vllm/model_executor/model_loader/weight_utils.py get_lock)
+    "/tmp/" + "?" * 64 + "*.lock",
 )
 DEFAULT_DIRS = (
     "/tmp/torchelastic_*",  # tempfile.mkdtemp(prefix="torchelastic_") (prime-rl PR#2331)
     "/tmp/torch-shm-dir-*",  # torch_shm_manager's directory, empty once its socket is gone
 )
+#: Where patterns may point: every pattern must lie under one of these (the ``roots`` option).
+DEFAULT_ROOTS = ("/dev/shm", "/tmp", "/var/tmp", "/root", "/home")
+#: Directories no root may be, or lie under: the system itself (``/dev/shm`` and ``/var/tmp`` are allowed).
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin", "/sys", "/usr", "/var")
+SYSTEM_EXCEPTIONS = ("/dev/shm", "/var/tmp")
+
+# Names that carry their creator's pid, as its source writes it (decimal, or hex for the CUDA driver), in the creator's
+# own PID namespace: such a file is kept while that process lives and started no later than the file last changed.
+CREATOR_PID: tuple[tuple[re.Pattern[str], int, str], ...] = (
+    (re.compile(r"^sgl_shm_.+_(\d+)_[0-9a-f]+$"), 10, "SGLang's make_shm_name"),
+    (re.compile(r"^multi_tokenizer_args_(\d+)$"), 10, "SGLang's multi-tokenizer arguments"),
+    (re.compile(r"^torch_(\d+)_\d+(?:_\d+)?$"), 10, "torch's NewProcessWideShmHandle"),
+    (re.compile(r"^cuda\.shm\.[0-9a-f]+\.([0-9a-f]+)\.[0-9a-f]+$"), 16, "the CUDA driver's IPC segment"),
+)
+
+
+def creator_pid(name: str) -> int | None:
+    """The pid a name says made it, or None for a name without one."""
+    for rx, base, _what in CREATOR_PID:
+        m = rx.match(name)
+        if m:
+            pid = int(m.group(1), base)
+            return pid if pid > 0 else None
+    return None
+
+
 KINDS = ("shm", "sockets", "locks", "dirs")
 
 MAX_DEPTH = 16  # levels a "**" descends
@@ -79,6 +122,39 @@ class Glob:
     kind: str
     pattern: str
     parts: list[str]
+
+
+def parse_roots(roots: t.Sequence[str]) -> list[tuple[str, ...]]:
+    """The ``roots`` option, checked: absolute directories without globs, never ``/`` or a system directory."""
+    out = []
+    for root in roots:
+        text = str(root)
+        parts = tuple(p for p in text.split("/") if p)
+        norm = "/" + "/".join(parts)
+        why = None
+        if not text.startswith("/") or "\0" in text or _GLOB.search(text) or any(p in (".", "..") for p in parts):
+            why = "is not an absolute directory without globs, '.' or '..'"
+        elif not parts:
+            why = "is the root directory: every file of the host would be in reach"
+        elif norm not in SYSTEM_EXCEPTIONS and any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS):
+            why = f"is a system directory (or lies under one: {', '.join(SYSTEM_DIRS)}; /dev/shm and /var/tmp excepted)"
+        if why:
+            raise CleanSlateError(f"roots: {text!r} {why}.", reason=_reasons.BAD_ARGUMENTS, option="roots")
+        out.append(parts)
+    return out
+
+
+def check_roots(globs: t.Sequence[Glob], roots: t.Sequence[tuple[str, ...]]) -> None:
+    """Refuse a pattern that does not lie under one of the roots (its leading literal components must be a root's)."""
+    for g in globs:
+        if not any(len(g.parts) > len(r) and tuple(g.parts[: len(r)]) == r for r in roots):
+            shown = ", ".join("/" + "/".join(r) for r in roots) or "none"
+            raise CleanSlateError(
+                f"{g.kind}: {g.pattern!r} is outside the roots ({shown}); residue is looked for only there. Add its directory to"
+                " roots (clean_slate_residue_roots in the role) if it really holds a job's residue.",
+                reason=_reasons.BAD_ARGUMENTS,
+                option=g.kind,
+            )
 
 
 def parse_glob(kind: str, pattern: str) -> Glob:
@@ -115,6 +191,7 @@ class Item:
     """
 
     __slots__ = (
+        "creator",
         "dev",
         "dir_fd",
         "holders",
@@ -122,6 +199,7 @@ class Item:
         "kind",
         "name",
         "nbytes",
+        "newest",
         "parent",
         "st",
         "tree",
@@ -153,8 +231,18 @@ class Item:
         # file's inode, only the unix tables name it, so a directory is judged against them as well.
         self.tree_sockets: t.Mapping[str, Key] = EMPTY_SOCKETS
         self.holders: list[dict[str, t.Any]] = []
-        self.verdict = "remove"  # remove, held, stale, skipped, removed, vanished, error
+        self.verdict = "remove"  # remove, held, kept, stale, skipped, removed, vanished, error
         self.why = ""
+        # dirs only: the newest change (mtime or ctime, ns) of anything in the tree, found while it is listed
+        self.newest = 0
+        self.creator: dict[str, t.Any] | None = None  # the live process its name says made it (kept for it)
+
+    def changed_ns(self) -> int | None:
+        """When it (for a directory, anything in it) last changed: the newest of mtime and ctime, in ns; None when gone."""
+        st = self.stat()
+        if st is None:
+            return None
+        return max(st.st_mtime_ns, st.st_ctime_ns, self.newest)
 
     @property
     def path(self) -> str:
@@ -186,6 +274,8 @@ class Item:
             rec["path_escaped"] = True
         if self.holders:
             rec["holders"] = self.holders
+        if self.creator:
+            rec["creator"] = self.creator
         if self.why:
             rec["why"] = self.why
         return rec
@@ -347,6 +437,7 @@ class Walker:
                     raise GiveUp("contains a mount point")
                 tree.add((cst.st_dev, cst.st_ino))
                 tree_names.add(child)
+                item.newest = max(item.newest, cst.st_mtime_ns, cst.st_ctime_ns)
                 if st_mod.S_ISSOCK(cst.st_mode):
                     tree_sockets[child] = (cst.st_dev, cst.st_ino)
                 item.nbytes += cst.st_blocks * 512

@@ -21,6 +21,11 @@ the real software does it, so the files and sockets are the real thing:
 * ``time-wait``: a listener that serves ``--count`` connections, closes them
   first (so the server side goes to TIME_WAIT on its port) and exits.
 * ``zombies``: a parent that never reaps ``--count`` exited children.
+* ``creator``: a live process whose torch CUDA IPC ref counter (``torch_<pid>_<rand>_<n>``) nothing holds,
+  as the H200 showed while its creator ran (a DataLoader or a server beside the one that crashed).
+* ``handoff``: a process starting beside a run: when ``--after-pid`` has exited, it makes a segment, writes
+  it and closes it (handing it to a reader by name, as ``multiprocessing.shared_memory`` users do), so that
+  nothing holds it yet.
 * ``init``: pid 1 of a residue container: mounts tmpfs on the given
   directories of its new mount namespace, brings the loopback up in its new
   network namespace, and reaps its children or (``--no-reap``) does not.
@@ -32,6 +37,7 @@ import fcntl
 import json
 import mmap
 import os
+import select
 import signal
 import socket
 import struct
@@ -227,6 +233,33 @@ def zombies(args):
         signal.pause()
 
 
+def _write_and_close(path):
+    """A 4 KiB segment made, written and closed: on disk, held by nothing."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.posix_fallocate(fd, 0, 4096)
+    os.close(fd)
+
+
+def creator(args):
+    set_comm(args.comm)
+    path = f"{args.shm}/torch_{os.getpid()}_{int.from_bytes(os.urandom(4), 'little')}_0"
+    _write_and_close(path)
+    ready({"path": path})
+    while True:
+        signal.pause()
+
+
+def handoff(args):
+    set_comm(args.comm)
+    path = f"{args.shm}/psm_{os.urandom(4).hex()}"
+    ready({"path": path})
+    if args.after_pid:
+        select.select([os.pidfd_open(args.after_pid)], [], [])
+    _write_and_close(path)
+    while True:
+        signal.pause()
+
+
 def lo_up():
     """ip link set lo up, without iproute2: SIOCGIFFLAGS / SIOCSIFFLAGS."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -308,13 +341,30 @@ def main():
     p = sub.add_parser("zombies")
     p.add_argument("--count", type=int, default=3)
     p.add_argument("--comm", default="")
+    p = sub.add_parser("creator")
+    p.add_argument("--shm", default="/dev/shm")
+    p.add_argument("--comm", default="")
+    p = sub.add_parser("handoff")
+    p.add_argument("--shm", default="/dev/shm")
+    p.add_argument("--after-pid", type=int, default=0)
+    p.add_argument("--comm", default="")
     p = sub.add_parser("init")
     p.add_argument("--tmpfs", action="append", default=[])
     p.add_argument("--lo-up", action="store_true")
     p.add_argument("--no-reap", action="store_true")
     p.add_argument("--ready-fd", type=int, required=True)
     args = parser.parse_args()
-    {"job": job, "hold": hold, "listen": listen, "time-wait": time_wait, "connected": connected, "zombies": zombies, "init": init}[args.mode](args)
+    {
+        "job": job,
+        "hold": hold,
+        "listen": listen,
+        "time-wait": time_wait,
+        "connected": connected,
+        "zombies": zombies,
+        "creator": creator,
+        "handoff": handoff,
+        "init": init,
+    }[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -391,6 +391,16 @@ def sglang_launcher(argv):
     tree = {"launcher": {"pid": pid, "sid": os.getsid(0)}, "members": [], "shm": [], "sockets": [], "ports": {}}
     try:
         tree["ports"]["http"] = listen(args.port, "the HTTP server's")
+        cfg["store_port"] = args.nccl_port if args.nccl_port is not None else args.port + 1
+        # The port plan is checked before anything starts (a survivor of the last run holds it: sglang PR#31645).
+        if cfg["store_port"]:
+            probe = socket.socket()
+            try:
+                probe.bind(("127.0.0.1", cfg["store_port"]))
+            except OSError as exc:
+                raise StartError(f"the torch.distributed store (nccl_port) port {cfg['store_port']} is used by a process already ({exc.strerror})") from None
+            finally:
+                probe.close()
         # PortArgs: every ZMQ endpoint an ipc:// name of its own.
         for name in ("tokenizer_ipc", "scheduler_ipc", "detokenizer_ipc", "rpc_ipc", "metrics_ipc"):
             cfg[name] = ipc_name(cfg["tmp"])
@@ -400,7 +410,6 @@ def sglang_launcher(argv):
         if args.tokenizer_worker_num > 1:
             # write_data_for_multi_tokenizer: SharedMemory(create=True, name=f"multi_tokenizer_args_{pid}"), then close().
             tree["shm"].append(segment(f"{cfg['shm']}/multi_tokenizer_args_{pid}", 4096, held=False))
-        cfg["store_port"] = args.nccl_port if args.nccl_port is not None else args.port + 1
         cfg["tracker_fd"] = resource_tracker(tree, cfg["shm"])
         detok = spawn("sglang-detokenizer", cfg, log_dir=cfg["log_dir"])
         members.append(detok)
@@ -426,11 +435,11 @@ def sglang_launcher(argv):
         attach(loads)
     except StartError as exc:
         end(members)
-        print(f"error {json.dumps({'error': str(exc)})}", flush=True)
+        print(f"error {json.dumps({'error': str(exc) if members else f'sglang.launch_server: {exc}'})}", flush=True)
         sys.exit(1)
     except OSError as exc:
         end(members)
-        print(f"error {json.dumps({'error': f'launcher: {exc.strerror or exc}'})}", flush=True)
+        print(f"error {json.dumps({'error': f'sglang.launch_server: {exc.strerror or exc}'})}", flush=True)
         sys.exit(1)
     ready(tree)
     idle()

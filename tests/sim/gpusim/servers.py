@@ -193,12 +193,16 @@ def _stubs() -> Path:
 def _start(kind: str, node: Node, sandbox: Sandbox | None, argv: list[str], sim: dict[str, Any]) -> Server:
     stubs = _stubs()
     env = {"GPUSIM_SERVER": json.dumps(sim), "PYTHONPATH": str(stubs)}
-    if sandbox is not None:
-        popen = sandbox.spawn_detached(argv, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    else:
-        from .node import merge_env
+    # The launcher's stderr (and its resource tracker's: "leaked semaphore objects") goes to its log.
+    with open(Path(sim["log_dir"]) / f"{kind}.log", "ab") as log:
+        if sandbox is not None:
+            popen = sandbox.spawn_detached(argv, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        else:
+            from .node import merge_env
 
-        popen = subprocess.Popen(argv, env=merge_env(os.environ, node.env(), env), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+            popen = subprocess.Popen(
+                argv, env=merge_env(os.environ, node.env(), env), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+            )
     assert popen.stdout is not None
     deadline = time.monotonic() + READY_TIMEOUT
     line = b""

@@ -110,10 +110,13 @@ def test_sglang_tp8_tree_its_crash_and_the_next_start(node, sandbox) -> None:
     assert all(ppid(r.pid) == init for r in [*ranks, tracker])
     assert all(node.memory(k)["used_mib"] == 100000 + CONTEXT_OVERHEAD_MIB for k in range(8))
     assert all(os.path.lexists(srv.path(p)) for p in srv.shm + srv.sockets)
+    # The launcher checks its port plan first: the failed start makes nothing (no process, no file).
+    before = set(os.listdir(srv.path("/dev/shm")))
     with pytest.raises(
-        ServerStartError, match=rf"sglang::scheduler_TP0: the torch.distributed store \(nccl_port\) port {port + 1} is used by a process already"
+        ServerStartError, match=rf"sglang.launch_server: the torch.distributed store \(nccl_port\) port {port + 1} is used by a process already"
     ):
         start_sglang(node, sandbox=sandbox, tp=8, port=port)
+    assert set(os.listdir(srv.path("/dev/shm"))) == before
     # Nothing of the failed start is left behind.
     assert {c["pid"] for c in node.contexts()} == {r.pid for r in ranks}
 

@@ -11,7 +11,7 @@ from support.threads import THREAD_HOLDER
 
 HOLDER = textwrap.dedent(
     """
-    import fcntl, mmap, os, socket, sys, time
+    import fcntl, mmap, os, socket, struct, sys, time
     mode, path = sys.argv[1], sys.argv[2]
     keep = []
     if mode == "cwd":
@@ -24,6 +24,11 @@ HOLDER = textwrap.dedent(
             keep.append(mmap.mmap(fd, 4096)); os.close(fd)
         elif mode == "flock":
             fcntl.flock(fd, fcntl.LOCK_EX); keep.append(fd)
+        elif mode == "posix":
+            fcntl.lockf(fd, fcntl.LOCK_EX); keep.append(fd)
+        elif mode == "ofd":
+            # F_OFD_SETLK (37): the lock belongs to the open file description, /proc/locks shows pid -1
+            fcntl.fcntl(fd, 37, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0) + bytes(4)); keep.append(fd)
         else:
             keep.append(fd)
     print("ready", flush=True)
@@ -59,5 +64,6 @@ def thread_hold(start_ready):
 
 @pytest.fixture
 def hold(start_ready):
-    """Start a process that holds ``path``: ``fd`` (open), ``map`` (mapped), ``flock``, ``bind`` (a unix socket) or ``cwd``."""
+    """Start a process that holds ``path``: ``fd`` (open), ``map`` (mapped), ``flock``, ``posix`` (lockf),
+    ``ofd`` (an open file description lock), ``bind`` (a unix socket) or ``cwd``."""
     return lambda mode, path: start_ready(HOLDER, mode, str(path))

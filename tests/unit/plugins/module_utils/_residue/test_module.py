@@ -25,7 +25,7 @@ def test_everything_orphaned_goes_and_the_rest_of_the_directory_stays(tree: Path
     }
     assert sorted(os.listdir(tree / "shm")) == ["other-file"]
     assert not (tree / "torchelastic_abc").exists() and (tree / "cache" / "a" / "b" / "c").is_dir()
-    assert r["summary"]["kinds"]["shm"] == {"removed": 3, "bytes": 3 * 8192, "held": 0, "stale": 0}
+    assert r["summary"]["kinds"]["shm"] == {"removed": 3, "bytes": 3 * 8192, "held": 0, "kept": 0, "stale": 0}
     assert r["msg"].startswith("3 stale segments, 1 socket, 2 locks and 1 directory (")
     assert module.run(request_for(tree), check_mode=False)["changed"] is False
 
@@ -41,7 +41,7 @@ def test_check_mode_changes_nothing_and_counts_bytes(tree: Path, request_for: t.
 def residue_params(**kw: t.Any) -> dict[str, t.Any]:
     p: dict[str, t.Any] = {kind: [] for kind in walk.KINDS}
     p.update(remove=["shm"], users=[], containers=[], pct_path=None, ports=[8000], time_wait_timeout=0.0, patterns=[], protect=[])
-    p.update(fail_on=["listening"], list_limit=200)
+    p.update(fail_on=["listening"], list_limit=200, min_age=60.0, roots=list(walk.DEFAULT_ROOTS))
     p.update(kw)
     return p
 

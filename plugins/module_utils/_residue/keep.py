@@ -1,0 +1,125 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""What is kept although nothing holds it: a file whose named creator lives, a file younger than the minimum age,
+a compile lock whose directory a process works in.
+
+"Nothing holds it" (:mod:`.owners`) is not the only proof a file is unused:
+
+* A name that carries its creator's pid (:data:`.walk.CREATOR_PID`) may be unheld while its creator lives and
+  still needs it: torch's CUDA IPC ref counter ``torch_<pid>_<rand>_<n>`` was held by no file descriptor while its
+  creator ran (H200, server-facts 2026-12-02), SGLang's ``multi_tokenizer_args_<pid>`` is written, closed, and read
+  later by the tokenizer workers. While that process lives, and started no later than the file last changed (else
+  its pid was reused by a newer process, and the creator is dead), the file is kept. The pid is the creator's as
+  it saw itself, so in a container scope it is looked up in the container's own ``/proc``.
+* A server starting beside the run has a segment between ``shm_open`` and ``mmap`` that nothing holds yet (SGLang's
+  own sweep waits 10 minutes for that reason): a file that changed (mtime or ctime, for a directory anything in
+  it) less than ``min_age`` seconds ago is kept.
+* torch's ``cpp_extension`` baton (``<build dir>/lock``) is held by no process while its compile runs, but the
+  compile's ninja works in that directory (``subprocess.run(..., cwd=build_directory)``): a lock whose directory
+  is a live process's working directory or root is held.
+
+Each rule marks the item ``kept`` (or ``held``) with a sentence saying why; check mode applies the same rules.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import typing as t
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue.owners import Holders
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue.walk import Item, Key, Root, creator_pid
+
+#: A process's start time has a clock tick's resolution (10 ms), a file's times a nanosecond's: a creator that
+#: started up to this long after the file's last change is still taken for its creator (the safe side).
+START_SLACK_NS = 20_000_000
+
+
+def _clock_offset_ns() -> int:
+    """Wall-clock ns at boot: /proc/PID/stat's start time counts clock ticks since boot (CLOCK_BOOTTIME)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+    return time.time_ns() - time.clock_gettime_ns(boottime)
+
+
+class Creators:
+    """Looks up the processes names point at, once each, in each scope's own /proc."""
+
+    def __init__(self) -> None:
+        self.ticks = os.sysconf("SC_CLK_TCK")
+        self.offset = _clock_offset_ns()
+        self._cache: dict[tuple[int | None, int], tuple[int, str] | None] = {}
+
+    def started(self, root: Root, pid: int) -> tuple[int, str] | None:
+        """(wall-clock start in ns, name) of the live process ``pid`` as ``root``'s scope numbers it, or None."""
+        key = (root.init_pid, pid)
+        if key not in self._cache:
+            proc = "/proc" if root.init_pid is None else f"/proc/{root.init_pid}/root/proc"
+            self._cache[key] = None
+            try:
+                with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+                    head, _sep, rest = fh.read().rpartition(")")
+                fields = rest.split()
+                if fields and fields[0] not in ("Z", "X"):  # a zombie has exited: it created nothing that lives
+                    self._cache[key] = (self.offset + int(fields[19]) * 1_000_000_000 // self.ticks, head.partition("(")[2])
+            except (OSError, ValueError, IndexError):
+                pass
+        return self._cache[key]
+
+
+def apply(items: t.Sequence[Item], roots: t.Mapping[int | None, Root], min_age: float, now_ns: int | None = None) -> None:
+    """Keep the orphans whose named creator lives, and those younger than ``min_age`` seconds."""
+    now = time.time_ns() if now_ns is None else now_ns
+    creators = Creators()
+    young = int(min_age * 1_000_000_000)
+    for item in items:
+        if item.verdict != "remove":
+            continue
+        changed = item.changed_ns()
+        if changed is None:
+            continue  # gone: the removal says so
+        pid = creator_pid(item.name)
+        if pid is not None:
+            found = creators.started(roots[item.vmid], pid)
+            if found is not None and found[0] <= changed + START_SLACK_NS:
+                item.verdict = "kept"
+                item.creator = {"pid": pid, "name": found[1]}
+                item.why = f"its creator, PID {pid} ({found[1]}), is alive; kept while it lives"
+                continue
+        if now - changed < young:
+            item.verdict = "kept"
+            item.why = f"younger than min_age ({max(0.0, (now - changed) / 1e9):.1f} s < {min_age:g} s): a process starting now may not hold it yet"
+
+
+def lock_directories(items: t.Sequence[Item]) -> dict[Key, list[Item]]:
+    """The directories of the lock candidates (device, inode), with their locks."""
+    out: dict[Key, list[Item]] = {}
+    seen: dict[int, Key] = {}
+    for item in items:
+        if item.kind != "locks" or item.verdict == "skipped":
+            continue
+        if item.dir_fd not in seen:
+            st = os.fstat(item.dir_fd)
+            seen[item.dir_fd] = (st.st_dev, st.st_ino)
+        out.setdefault(seen[item.dir_fd], []).append(item)
+    return out
+
+
+def worked_in(directories: t.Mapping[Key, list[Item]], scan: _holders.Scan, holders: Holders) -> None:
+    """Hold every unheld lock whose directory a live process works in (its cwd or root)."""
+    for key, locks in directories.items():
+        holds = [h for h in scan.holds.get(key, ()) if h.how in ("cwd", "root")]
+        if not holds:
+            continue
+        records = []
+        for h in holds[:10]:
+            rec = holders.describe(h.pid)
+            rec["how"] = [f"{h.how} in its directory"]
+            records.append(rec)
+        for item in locks:
+            if item.verdict == "remove":
+                item.verdict, item.holders = "held", records
