@@ -1,5 +1,6 @@
 # gpuops.clean_slate developer entry points.
-#   make demo   set up, then run the clean_slate job against the simulated 8-GPU node
+#   make demo   set up, then crash an SGLang server on a simulated 8-GPU node and give it a clean slate
+#   make demo-shell   a simulated node with that crash and a shell beside it (CMD="..." runs that instead)
 #   make test   set up, then run every gate and test (what CI runs)
 # Both do their own setup on a fresh clone and are quick the second time.
 
@@ -20,7 +21,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(ROOT)
 export PATH := $(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all setup test demo sanity units functional host lab lint docs build bench clean distclean
+.PHONY: all setup test demo demo-shell sanity units functional host lab lint docs build bench clean distclean
 
 all: setup
 
@@ -62,6 +63,10 @@ $(VENV)/.get-pip-shim: $(VENV)/.stamp
 ## ---------------------------------------------------------------- main job
 demo: setup
 	@tools/pidns-run $(PY) tools/demo/demo.py
+
+# A simulated node with the demo's crash, and a shell beside it (or CMD="...": that command instead).
+demo-shell: setup
+	@tools/pidns-run $(PY) tools/demo/demo.py --shell -- $(CMD)
 
 ## ---------------------------------------------------------------- gates
 test: setup

@@ -1,150 +1,317 @@
-"""`make demo`: the clean_slate job against the built-in simulated GPU node.
+"""`make demo`: an SGLang server crashes on a simulated 8 x H200 node the way the seeds' did, and the clean_slate
+playbook gives the node its clean slate back.
 
-Builds a simulated 8 x H200 node with the mess an inference host has before a
-restart (six renamed SGLang scheduler workers, a forked child that kept GPU 6
-after its parent died, a vLLM worker on GPU 7 that ignores SIGTERM) next to the
-daemons that must survive (nvidia-persistenced, nv-hostengine, dcgm-exporter),
-then runs the real playbook, playbooks/clean_slate.yml, and prints the GPUs
-before and after and the summary line. The SGLang job also leaves the residue
-a real one does (gpusim.residue): NCCL, vLLM, torch and Python shared memory
-segments in /dev/shm (one of them still mapped by nv-hostengine), ZMQ socket
-files, JIT compile locks, a torchelastic directory, and an HTTP listener on
-port 30000; the residue is shown before and after too. Everything runs inside
-a private PID namespace, with /dev/shm and /tmp of its own, and is stopped at
-the end.
+The server is a process tree shaped like the real one (gpusim.servers): the launcher holding the HTTP port, its
+detokenizer and resource tracker, and one sglang::scheduler_TP<k> per GPU, each in a session of its own, holding
+~100 GB on its GPU, with SGLang's, torch's and the CUDA driver's shared memory and ZMQ sockets, named as their
+sources name them. Beside it run the daemons that must survive (nvidia-persistenced, nv-hostengine, which maps one
+of the server's queues, dcgm-exporter) and an unrelated torch process whose segment nothing holds.
+
+1. The crash: the launcher is SIGKILLed. What is left, and what it does to the next start (it fails, and why).
+2. The clean: the real playbook (playbooks/clean_slate.yml) with the role, on the node: what was ended (full names,
+   counts that add up, what was protected and why), what was removed, kept or held, and the GPUs before and after.
+3. The next start: it binds its ports and creates its queues.
+
+It leaves a JSON report, node_exporter metrics and the inventory under .build/demo/, and prints the command that
+runs the playbook again against a simulated node with the same crash (`make demo-shell`).
+
+    tools/pidns-run .venv/bin/python tools/demo/demo.py            # what make demo runs
+    tools/pidns-run .venv/bin/python tools/demo/demo.py --shell [-- COMMAND ...]   # make demo-shell
+
+Everything runs inside a private PID namespace, with /dev/shm and /tmp of its own, and is stopped at the end.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import socket
+import subprocess
 import sys
-import tempfile
 import time
+import typing as t
 from pathlib import Path
 
 from gpusim import Node
-from gpusim.residue import ResidueProc, inside, private_shm, spawn
-from support.ansible import ROOT, local_inventory, run_playbook
+from gpusim.residue import private_shm, spawn
+from gpusim.servers import Server, ServerStartError, start_sglang
+from support.ansible import ROOT, VENV, local_inventory, run_playbook
 
-HERE = Path(__file__).resolve().parent
-
-
+OUT = ROOT / ".build" / "demo"
 DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
+MIN_AGE = 2  # the demo's server ran for seconds; a real one ran for minutes, older than the default minute
+RERUN = f"ansible-playbook playbooks/clean_slate.yml -i {OUT.relative_to(ROOT)}/inventory.yml"
 
 
-def gpu_table(before: list[dict], after: list[dict]) -> str:
-    rows = [f"{'GPU':>3}  {'before (MiB)':>12}  {'held by (before)':<44}  {'after (MiB)':>11}  {'after':<10}"]
-    rows.append("-" * len(rows[0]))
-    for b, a in zip(before, after):
-        holders = ", ".join(f"{p['pid']} {p['name'] or '(exited: NVML still lists it)'}" for p in b["processes"]) or "-"
-        if b["diagnosis"] == "busy" and not b["processes"]:
-            holders = "device file holder"
-        rows.append(f"{b['index']:>3}  {b['used_mib']:>12}  {holders[:44]:<44}  {a['used_mib']:>11}  {a['diagnosis']:<10}")
-    return "\n".join(rows)
+class Scene:
+    """The simulated node with its crashed server and its neighbours."""
+
+    def __init__(self) -> None:
+        self.node = Node(gpus=8)
+        self.node.start()
+        self.sandbox = self.node.sandbox(name="demo")
+        private_shm(self.sandbox, size="512m")
+        port = free(30000)
+        self.server = start_sglang(
+            self.node, sandbox=self.sandbox, tp=8, port=port, nccl_port=free(port + 1), mib=100000, tokenizer_workers=2, mq_kib=65536, ipc_kib=4096
+        )
+        self.daemons = {name: self.node.spawn_daemon(name, sandbox=self.sandbox) for name in DAEMONS if name != "nv-hostengine"}
+        mq = next(p for p in self.server.shm if os.path.basename(p).startswith("sgl_shm_mq_"))
+        self.hostengine = spawn(self.sandbox, "hold", "--comm", "nv-hostengine", "--map", mq)
+        self.beside = spawn(self.sandbox, "creator", "--comm", "pt_main_thread")
+
+    def inventory(self) -> Path:
+        """The inventory the playbook runs with (and the one `make demo-shell` runs again)."""
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "metrics").mkdir(exist_ok=True)
+        host = {
+            "clean_slate_device_dir": str(self.node.dev_dir),
+            "clean_slate_expected_gpus": 8,
+            "clean_slate_grace_period": 3,
+            "clean_slate_residue_min_age": MIN_AGE,
+            "clean_slate_residue_list_limit": 200,  # every path in the report (20 by default)
+            "clean_slate_residue_ports": [self.server.ports["http"], self.server.ports["store"]],
+            "clean_slate_report_dir": str(OUT / "report"),
+            "clean_slate_metrics_dir": str(OUT / "metrics"),
+        }
+        return local_inventory(OUT / "inventory.yml", {"gpu-node-1": host})
+
+    def env(self) -> dict[str, str]:
+        env = self.node.env()
+        env["PATH"] = f"{VENV / 'bin'}:{self.node.bin_dir}:{os.environ.get('PATH', '')}"
+        return env
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.sandbox.stop()
+        self.node.stop()
 
 
-def residue_table(job: ResidueProc, http: ResidueProc, port: int, cache: str, result: dict) -> str:
-    after = {r["path"]: "removed" for r in result["removed"]}
-    after.update({r["path"]: "kept: held by " + ", ".join(f"{h['pid']} {h['name']}" for h in r["holders"]) for r in result["held"]})
-    after.update({r["path"]: "reported (" + r["why"].split("; ")[1] + ")" for r in result["stale"]})
-    rows = [f"{'residue':<58}  {'size':>9}  {'before':<26}  after", "-" * 118]
-    for kind in ("shm", "sockets", "locks", "dirs"):
-        for path in job.info[kind]:
-            size = result_bytes(result, path)
-            where = path.replace(cache, "~/.cache")
-            if len(where) > 58:
-                where = where[:27] + "..." + where[-28:]
-            before = f"the job's (PID {job.ns_pid}, alive)"
-            rows.append(f"{where:<58}  {size:>9}  {before:<26}  {after.get(path, '-')}")
-    port_after = {p["port"]: p["state"] for p in result["ports"]}.get(port, "?")
-    before = f"listening (PID {http.ns_pid})"
-    rows.append(f"{'port ' + str(port):<58}  {'':>9}  {before:<26}  {port_after}")
-    return "\n".join(rows)
-
-
-def result_bytes(result: dict, path: str) -> str:
-    for key in ("removed", "held", "stale"):
-        for r in result[key]:
-            if r["path"] == path:
-                return f"{r['bytes'] // 1024} KiB"
-    return "-"
-
-
-def main() -> int:
-    started = time.monotonic()
-    with Node(gpus=8) as node:
-        sandbox = node.sandbox(name="demo")
-        workers = [sandbox.spawn_worker(gpus=[i], mib=60000, title=f"sglang::scheduler_TP{i}") for i in range(6)]
-        orphan = sandbox.spawn_worker(gpus=[6], mib=30000, fork_child=True, title="sglang::data_worker")
-        stubborn = sandbox.spawn_worker(gpus=[7], mib=70000, ignore_term=True, title="VLLM::Worker_TP7")
-        daemons = {name: node.spawn_daemon(name, sandbox=sandbox) for name in DAEMONS}
-        # What the job leaves besides GPU memory, made the way SGLang, vLLM, NCCL and torch make it.
-        private_shm(sandbox)
-        cache = tempfile.mkdtemp(prefix="gpuops-demo-cache-")
-        job = spawn(sandbox, "job", "--tmp", "/tmp", "--cache", cache, "--segments", "2", "--kib", "32768", "--comm", "sglang::dp_work")
+def free(port: int) -> int:
+    """``port`` when nothing on this machine uses it, else a free one (the demo's shows the same)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            http = spawn(sandbox, "listen", "--port", "30000", "--comm", "sglang::tokeniz")
-        except RuntimeError:  # 30000 is taken on this machine: any free port shows the same
-            http = spawn(sandbox, "listen", "--comm", "sglang::tokeniz")
-        port = http.info["port"]
-        holder = spawn(sandbox, "hold", "--comm", "nv-hostengine", "--map", job.info["shm"][0])
-        print(f"Simulated node: 8 x NVIDIA H200 at {node.state_dir}")
-        print(f"  {len(workers)} SGLang scheduler workers (GPUs 0-5), a forked child holding GPU 6 after its parent died,")
-        print("  a vLLM worker on GPU 7 that ignores SIGTERM, and " + ", ".join(DAEMONS) + " (must survive).")
-        print(f"  The job's residue: {len(job.info['shm'])} shared memory segments, {len(job.info['sockets'])} ZMQ sockets,")
-        print(f"  {len(job.info['locks'])} JIT locks, a torchelastic directory, an HTTP listener on port {port}.\n")
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-        with tempfile.TemporaryDirectory(prefix="gpuops-demo-") as tmp:
-            inventory = local_inventory(
-                Path(tmp) / "inventory.yml",
-                {
-                    "gpu-node-1": {
-                        "clean_slate_device_dir": str(node.dev_dir),
-                        "clean_slate_expected_gpus": 8,
-                        "clean_slate_grace_period": 3,
-                        "clean_slate_residue_ports": [port],
-                        # The demo's stand-in for ~/.cache (the defaults name /root/.cache and /home/*/.cache).
-                        "clean_slate_residue_locks": [f"{cache}/**/*.lock", f"{cache}/torch_extensions/**/lock"],
-                    }
-                },
-            )
-            env = node.env()
-            env["PATH"] = f"{node.bin_dir}:{os.environ.get('PATH', '')}"
-            print("$ ansible-playbook playbooks/clean_slate.yml -i inventory.yml -l gpu_nodes")
-            run = run_playbook(ROOT / "playbooks" / "clean_slate.yml", inventory=inventory, limit="gpu_nodes", env=env, wrapper=sandbox.nsenter_prefix())
+
+def stat(pid: int) -> dict[str, int]:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            rest = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return {}
+    return {"ppid": int(rest[1]), "sid": int(rest[3])}
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / 1048576:.1f} MiB" if nbytes >= 1048576 else f"{nbytes // 1024} KiB"
+
+
+def show_tree(scene: Scene, title: str) -> None:
+    srv, sb = scene.server, scene.sandbox
+    print(title)
+    print(f"  {'PID':>5} {'PPID':>5} {'SID':>5}  {'process (full name, as /proc/PID/cmdline shows it)':<58}  holds")
+    ns = {m.pid: m.ns_pid for m in srv.members}
+    ns[sb.init_pid] = 1
+    for m in srv.members:
+        if not m.alive():
+            print(f"  {m.ns_pid:>5} {'-':>5} {'-':>5}  {m.title[:58]:<58}  gone")
+            continue
+        st = stat(m.pid)
+        holds = f"GPU {m.gpu}: {scene.node.memory(m.gpu)['used_mib']} MiB" if m.gpu is not None else ""
+        if m.role == "launcher":
+            holds = f"HTTP port {srv.ports['http']}"
+        if m.gpu == 0:
+            holds += f", store port {srv.ports['store']}"
+        name = m.title if len(m.title) <= 58 else m.title[:55] + "..."
+        print(f"  {m.ns_pid:>5} {ns.get(st['ppid'], st['ppid']):>5} {ns.get(st['sid'], st['sid']):>5}  {name:<58}  {holds}")
+
+
+def show_residue(scene: Scene) -> None:
+    srv = scene.server
+    files = [(p, os.stat(srv.path(p)).st_blocks * 512) for p in srv.shm if os.path.lexists(srv.path(p))]
+    print(f"  /dev/shm: {len(files)} files, {mib(sum(b for _p, b in files))}: " + ", ".join(sorted({short(p) for p, _b in files})))
+    socks = [p for p in srv.sockets if os.path.lexists(srv.path(p))]
+    print(f"  /tmp: {len(socks)} ZMQ ipc:// socket files ({', '.join(socks[:2])}, ...)")
+
+
+def short(path: str) -> str:
+    """The family of a residue name, for one line: sgl_shm_mq_<pid>_<rand>, torch_<pid>_<rand>_<n>, ..."""
+    name = os.path.basename(path)
+    for prefix in ("sgl_shm_mq_", "sglang_loads_", "multi_tokenizer_args_", "torch_", "cuda.shm.0.", "sem.mp-"):
+        if name.startswith(prefix):
+            return {"sgl_shm_mq_": "sgl_shm_mq_<pid>_<rand>", "sglang_loads_": "sglang_loads_<ipc>_<hash>.shm"}.get(prefix, prefix + "*")
+    return name
+
+
+def attempt_start(scene: Scene) -> Server | None:
+    srv = scene.server
+    print(f"  $ python3 -m sglang.launch_server --model-path /models/Qwen3-235B-A22B --tp-size 8 --port {srv.ports['http']}")
+    try:
+        again = start_sglang(scene.node, sandbox=scene.sandbox, tp=8, port=srv.ports["http"], nccl_port=srv.ports["store"], mib=100000)
+    except ServerStartError as exc:
+        print(f"  fails: {exc}")
+        return None
+    return again
+
+
+def show_kill(kill: dict[str, t.Any]) -> None:
+    s = kill["summary"]
+    # Processes by outcome (each target once: the parts add up to the whole), then the signals sent (a process that
+    # needed SIGKILL got SIGTERM first, so signals and processes are two different counts).
+    outcomes = [
+        (s["terminated"], "ended by SIGTERM"),
+        (s["killed"], "ended by SIGKILL after SIGTERM"),
+        (s["exited"], "already exiting (waited for, not signalled)"),
+        (s["vanished"], "gone before their first signal"),
+        (s["unkillable"], "unkillable"),
+    ]
+    parts = [f"{n} {what}" for n, what in outcomes if n] or ["none"]
+    signals = ", ".join(f"{n} SIG{sig}" for sig, n in s["signals"].items() if n) or "none"
+    print(f"{len(kill['targets'])} processes targeted, in {s['rounds']} round(s): {', '.join(parts)}. Signals sent: {signals}.")
+    for x in kill["targets"]:
+        teardown = f", waited {x['teardown_s']} s for its teardown" if x.get("teardown_s") is not None else ""
+        signals = "+".join(x["signals_sent"]) or "none"
+        print(f"  {x['pid']:>5} {x['cmdline'][:44]:<44} {x['outcome']:<10} signals {signals:<9} gone after {x['seconds']:.2f} s{teardown}")
+        print(f"        found: {'; '.join(x['reasons'])}")
+    if kill["protected"]:
+        # The report's "protected" list: processes the kill found (on the GPUs' device files, listed by NVML or matching
+        # a pattern) and never signalled, each with why.
+        print(f"{len(kill['protected'])} found but protected (the report's 'protected': never signalled, whatever the input):")
+    for p in kill["protected"]:
+        print(f"  {p['pid']:>5} {p['cmdline'][:44]:<44} {protected_why(p)}")
+    for p in kill.get("ignored", []):
+        print(f"  left  {p.get('pid')!s:>5} {p['why']}")
+
+
+def protected_why(p: dict[str, t.Any]) -> str:
+    """Why a process was protected, in words a newcomer reads without the guide."""
+    why = p["why"]
+    if why.startswith("started by this module") or why == "this module's own process":
+        # The module's NVML helper opens every GPU's device file, so the kill's device-file scan finds it.
+        return f"{why}: Ansible's own module and its NVML helper, which opens the GPUs' device files"
+    if why.startswith("protected daemon"):
+        return f"{why}: an NVIDIA daemon the node needs (the protect list)"
+    return why
+
+
+def show_residue_result(residue: dict[str, t.Any]) -> None:
+    s = residue["summary"]
+    print(f"Residue: {s['removed']} removed ({mib(s['removed_bytes'])}), {s['held']} held by live processes, {s['kept']} unheld but kept.")
+    for x in residue["removed"]:
+        print(f"  removed  {x['path']:<52} {mib(x['bytes']):>10}")
+    for x in residue["held"]:
+        who = ", ".join(f"PID {h['pid']} {h['name']} ({'/'.join(h['how'])}{', protected' if h.get('protected') else ''})" for h in x["holders"])
+        print(f"  held     {x['path']:<52} by {who}")
+    for x in residue["kept"]:
+        print(f"  kept     {x['path']:<52} {x['why']}")
+    for p in residue["ports"]:
+        print(f"  port {p['port']}: {p['state']}")
+
+
+def gpu_table(before: list[dict[str, t.Any]], after: list[dict[str, t.Any]], names: dict[int, str]) -> str:
+    """GPUs before and after; holders by their full names (``names``: pid -> cmdline), not NVML's 15-character comm."""
+    rows = [f"  {'GPU':>3}  {'before (MiB)':>12}  {'held by (before)':<30}  {'after (MiB)':>11}  {'after':<10}"]
+    for b, a in zip(before, after):
+        holders = ", ".join(f"{p['pid']} {names.get(p['pid'], p['name'])}" for p in b["processes"]) or "-"
+        rows.append(f"  {b['index']:>3}  {b['used_mib']:>12}  {holders[:30]:<30}  {a['used_mib']:>11}  {a['diagnosis']:<10}")
+    return "\n".join(rows)
+
+
+def demo() -> int:
+    started = time.monotonic()
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    scene = Scene()
+    try:
+        srv, node = scene.server, scene.node
+        print(f"Simulated node: 8 x NVIDIA H200 ({node.state_dir}); an SGLang server, tp=8, serving on port {srv.ports['http']}:")
+        show_tree(scene, "")
+        print(f"Beside it: {', '.join(DAEMONS)} (must survive; nv-hostengine maps the server's broadcast queue), and a torch")
+        print(f"process (PID {scene.beside.ns_pid}, pt_main_thread) whose CUDA IPC segment nothing holds.\n")
+
+        print("== The crash: the launcher is SIGKILLed, as the seeds' servers died ==")
+        srv.crash()
+        show_tree(scene, "What is left (PID 1 is the container's init: the schedulers were reparented to it):")
+        show_residue(scene)
+        print("What blocks the next start:")
+        if attempt_start(scene) is not None:
+            print("  (it started: the crash left nothing in its way)")
+            return 1
+        print(f"  and behind that: 8 GPUs each holding {node.memory(0)['used_mib']} MiB (CUDA out of memory), the dead queues in /dev/shm.\n")
+
+        time.sleep(max(0.0, MIN_AGE + 0.5 - (time.monotonic() - started)))
+        print("== The clean ==")
+        print(f"$ {RERUN}")
+        run = run_playbook(ROOT / "playbooks" / "clean_slate.yml", inventory=scene.inventory(), env=scene.env(), wrapper=scene.sandbox.nsenter_prefix())
         if run.rc != 0:
             print(run.output)
             print(f"playbook failed (rc {run.rc})")
             return 1
-        before = run.phase("before")["gpus"]
-        after = run.phase("verify")["gpus"]
-        kill = run.phase("kill")
-        print()
-        print(gpu_table(before, after))
-        print()
-        for t in kill["targets"]:
-            signals = "+".join(t["signals_sent"])
-            name = t["name"] if t["cmdline"].startswith("/") else t["cmdline"]
-            print(f"  ended {t['pid']:>5} {name[:28]:<28} {t['outcome']:<10} {signals:<12} after {t['seconds']:.2f} s  ({t['reasons'][0]})")
-        for p in kill["protected"]:
-            if p["why"].startswith("protected daemon"):
-                print(f"  kept  {p['pid']:>5} {p['name']:<28} {p['why']}")
-        print()
-        print(residue_table(job, http, port, cache, run.phase("residue")))
-        print()
+        names = {x["pid"]: x["cmdline"] for x in run.phase("kill")["targets"]}
+        print(gpu_table(run.phase("before")["gpus"], run.phase("verify")["gpus"], names))
+        show_kill(run.phase("kill"))
+        show_residue_result(run.phase("residue"))
+        [tracker] = srv.role("resource_tracker")
+        sems = [p for p in srv.shm if os.path.basename(p).startswith("sem.mp-")]
+        if not tracker.alive() and not any(os.path.lexists(srv.path(p)) for p in sems):
+            print(f"  (the resource tracker exited by itself when the last scheduler died, unlinking its {len(sems)} semaphores)")
         print(run.summary())
-        alive = [name for name, d in daemons.items() if d.alive()]
-        print(f"Protected daemons still running: {', '.join(alive)}; playbook wall time {run.elapsed:.1f} s (Ansible start-up included).")
-        ok = len(alive) == len(DAEMONS) and not any(w.alive() for w in [*workers, stubborn]) and not orphan.child_alive()
-        residue = run.phase("residue")
-        gone = {r["path"] for r in residue["removed"]}
-        ok = ok and holder.alive() and not job.alive() and gone == set(job.info["shm"][1:] + job.info["sockets"])
-        ok = ok and not any(os.path.lexists(inside(sandbox, p)) for p in gone) and os.path.exists(inside(sandbox, job.info["shm"][0]))
-        sandbox.stop()
-        shutil.rmtree(cache, ignore_errors=True)
+        print(f"Playbook wall time {run.elapsed:.1f} s (Ansible start-up included).\n")
+
+        print("== The next start ==")
+        again = attempt_start(scene)
+        if again is None:
+            return 1
+        mq = next(p for p in again.shm if os.path.basename(p).startswith("sgl_shm_mq_"))
+        print(f"  listening on {again.ports['http']}, store on {again.ports['store']}; its queues: {mq} and {len(again.shm) - 1} more")
+        again.stop()
+        alive = [n for n, d in scene.daemons.items() if d.alive()] + (["nv-hostengine"] if scene.hostengine.alive() else [])
+        print(f"  {', '.join(alive)} still running.\n")
+        ok = len(alive) == len(DAEMONS) and scene.beside.alive()
+    finally:
+        scene.stop()
+    print("== Left for you ==")
+    for path in sorted(p for p in OUT.rglob("*") if p.is_file()):
+        print(f"  {path.relative_to(ROOT)}")
+    print("The simulated node stopped with the demo (its processes lived in the demo's PID namespace). To run the")
+    print("playbook again yourself, bring one back with the same crash:")
+    print("  make demo-shell                 # a shell beside a new node with the crashed server; in it, run:")
+    print(f"  {RERUN}")
+    print(f'  make demo-shell CMD="{RERUN}"   # or both in one go')
     print(f"Demo finished in {time.monotonic() - started:.1f} s.")
     return 0 if ok else 1
+
+
+def shell(command: list[str]) -> int:
+    """A simulated node with the same crash, its inventory in .build/demo, and a shell (or ``command``) beside it."""
+    scene = Scene()
+    try:
+        scene.server.crash()
+        time.sleep(MIN_AGE + 0.5)
+        scene.inventory()
+        env = {**os.environ, **scene.env(), "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PS1": r"(gpuops demo node) \w\$ "}
+        argv = command or [os.environ.get("SHELL", "/bin/bash")]
+        if not command:
+            print(f"A simulated 8 x H200 node with a crashed SGLang server (tp=8). Run:\n  {RERUN}\nExit the shell to stop the node.")
+        return subprocess.run([*scene.sandbox.nsenter_prefix(join_cgroup=True, wd=str(ROOT)), *argv], env=env, check=False).returncode
+    finally:
+        scene.stop()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    p.add_argument("--shell", action="store_true", help="bring up a simulated node with the same crash and open a shell (or run COMMAND) beside it")
+    p.add_argument("command", nargs="*", help="with --shell: the command to run instead of a shell")
+    args = p.parse_args()
+    if args.shell:
+        return shell(args.command)
+    return demo()
 
 
 if __name__ == "__main__":
