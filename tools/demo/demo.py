@@ -206,12 +206,19 @@ def show_residue_result(residue: dict[str, t.Any]) -> None:
     for x in residue["removed"]:
         print(f"  removed  {x['path']:<52} {mib(x['bytes']):>10}")
     for x in residue["held"]:
-        who = ", ".join(f"PID {h['pid']} {h['name']} ({'/'.join(h['how'])}{', protected' if h.get('protected') else ''})" for h in x["holders"])
+        who = ", ".join(f"PID {h['pid']} {full_name(h)} ({'/'.join(h['how'])}{', protected' if h.get('protected') else ''})" for h in x["holders"])
         print(f"  held     {x['path']:<52} by {who}")
     for x in residue["kept"]:
         print(f"  kept     {x['path']:<52} {x['why']}")
     for p in residue["ports"]:
         print(f"  port {p['port']}: {p['state']}")
+
+
+def full_name(rec: dict[str, t.Any]) -> str:
+    """A process's name as its command line gives it when the kernel's 15-character comm is a cut of it
+    (``sglang::schedul`` is ``sglang::scheduler_TP0``), else its comm."""
+    name, first = rec.get("name") or "", (rec.get("cmdline") or "").split(" ", 1)[0]
+    return first if name and first.startswith(name) else name
 
 
 def gpu_table(before: list[dict[str, t.Any]], after: list[dict[str, t.Any]], names: dict[int, str]) -> str:
