@@ -9,16 +9,18 @@ also when an inventory source failed to parse or a --limit excludes every host o
 For a job whose green status starts inference servers, that is a false green. The
 gpuops.clean_slate.clean_slate playbook templates its ``hosts`` through this filter, which runs
 before any host is chosen (so it holds for the FQCN playbook, import_playbook and ansible-runner),
-and raises there with a message naming the pattern, the groups that exist and the fix.
+and stops ansible-playbook there with a message naming the pattern, the groups that exist and the fix.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import typing as t
 from collections.abc import Mapping, Sequence
 
 from ansible import context
 from ansible.errors import AnsibleFilterError
+from ansible.utils.display import Display
 
 # The implicit localhost is never in ansible_play_hosts_all, but a play on it runs when no limit is given.
 LOCALHOST = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -55,6 +57,23 @@ def no_host_message(pattern: str, matched: Sequence[str], groups: Mapping[str, S
     )
 
 
+def refuse(message: str) -> t.NoReturn:
+    """Stop ansible-playbook with ``message`` as its one error and exit status 1 (ansible-runner and AWX: ``failed``).
+
+    An exception raised by a filter in a play's ``hosts`` reaches the user wrapped twice by Ansible ("Error processing
+    keyword 'hosts': The filter plugin ... failed: ...") with an excerpt of the playbook's source, which reads like a
+    crash of the playbook rather than a refusal of the run. So the message is displayed as Ansible displays its own
+    errors, and the process exits as ansible-playbook itself does for "no hosts to target" (status 1); nothing has run
+    yet (a play's hosts are templated before any host is chosen), and the ``finally`` blocks of Ansible's executor still
+    run on the way out. In a worker process (the filter used in a task's template, where exiting would only end the
+    worker) it raises instead.
+    """
+    if multiprocessing.parent_process() is not None:
+        raise AnsibleFilterError(message)
+    Display().error(message)
+    raise SystemExit(1)
+
+
 def play_hosts(
     pattern: str,
     matched: Sequence[str],
@@ -66,17 +85,18 @@ def play_hosts(
 
     ``matched``: the hosts of the pattern (the ansible.builtin.inventory_hostnames lookup);
     ``limited``: every host --limit leaves (ansible_play_hosts_all while the play's hosts are
-    templated); ``groups``: the groups magic variable; ``limit``: ansible_limit.
+    templated); ``groups``: the groups magic variable; ``limit``: ansible_limit. The error stops the run
+    (:func:`refuse`).
     """
     if not isinstance(pattern, str) or not pattern.strip():
-        raise AnsibleFilterError(f"gpuops.clean_slate: the host pattern must be a non-empty string, got {pattern!r} (clean_slate_hosts).")
+        refuse(f"gpuops.clean_slate: the host pattern must be a non-empty string, got {pattern!r} (clean_slate_hosts). Nothing was done.")
     if listing_only():
         return pattern
     if pattern in LOCALHOST and not limit:
         return pattern
     if set(matched or []) & set(limited or []):
         return pattern
-    raise AnsibleFilterError(no_host_message(pattern, list(matched or []), groups or {}, limit))
+    refuse(no_host_message(pattern, list(matched or []), groups or {}, limit))
 
 
 class FilterModule:

@@ -137,9 +137,12 @@ def test_a_job_that_targets_no_host_fails(tmp_path: Path, installed: Path) -> No
             assert "Could not match supplied host pattern, ignoring: gpu-nodes" in status["stdout"]
             # A limit on a host outside the playbook's group: the play_hosts guard stops it and says why.
             (pdd / "inventory" / "other.yml").write_text(yaml.safe_dump({"storage": {"hosts": {"db1": {"ansible_connection": "local"}}}}))
-            rc, status, _events = run_job(pdd, sb, "--limit", "db1", ident="outside")
-            assert rc != 0 and status["status"] == "failed"
-            assert "--limit 'db1' leaves none of the 1 host(s) of 'gpu_nodes' (node1)" in " ".join(status["stdout"].split())
+            rc, status, events = run_job(pdd, sb, "--limit", "db1", ident="outside")
+            assert rc == 1 and status["status"] == "failed"
+            text = " ".join(status["stdout"].split())
+            assert "[ERROR]: gpuops.clean_slate: --limit 'db1' leaves none of the 1 host(s) of 'gpu_nodes' (node1)" in text, text[-2000:]
+            assert "Error processing keyword" not in text and "Origin:" not in text
+            assert not [e for e in events if e.get("event", "").startswith("runner_on_")]
             (pdd / "inventory" / "other.yml").unlink()
             # An inventory source that fails to parse (the Proxmox API with an expired token).
             (pdd / "inventory" / "hosts.yml").unlink()
