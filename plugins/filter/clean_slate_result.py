@@ -161,13 +161,18 @@ def role_refusals(given: t.Any, role_path: t.Any) -> list[str]:
     known = set(spec) | NOT_OPTIONS
     # Compared without the prefix every name shares, which would make any two names look alike.
     stems = {k[len("clean_slate_") :]: k for k in known}
+    unknown: list[tuple[str, str]] = []
     for name in sorted({str(n) for n in given} - known):
         near = difflib.get_close_matches(name[len("clean_slate_") :], sorted(stems), n=1, cutoff=0.6)
-        hint = f" (did you mean {stems[near[0]]}?)" if near else ""
-        out.append(
-            f"{name} is not a variable of the gpuops.clean_slate.clean_slate role{hint}: rename or remove it"
-            " (ansible-doc -t role gpuops.clean_slate.clean_slate lists them)."
-        )
+        unknown.append((name, f" (did you mean {stems[near[0]]}?)" if near else ""))
+    # Every unknown name in one sentence, the advice said once.
+    role, docs = "the gpuops.clean_slate.clean_slate role", "(ansible-doc -t role gpuops.clean_slate.clean_slate lists them)."
+    if len(unknown) == 1:
+        name, hint = unknown[0]
+        out.append(f"{name} is not a variable of {role}{hint}: rename or remove it {docs}")
+    elif unknown:
+        listed = [name + hint for name, hint in unknown]
+        out.append(f"{', '.join(listed[:-1])} and {listed[-1]} are not variables of {role}: rename or remove them {docs}")
     return out
 
 

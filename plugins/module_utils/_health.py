@@ -657,3 +657,56 @@ def judge_host(
 def advice(verdict: str) -> str:
     """What to do about a verdict (empty for ok)."""
     return ADVICE.get(verdict, "")
+
+
+# ---------------------------------------------------------------------- messages
+# A failure is read once, in one message: the same finding on eight GPUs is one sentence naming the eight, and the same
+# advice after eight GPUs' own facts is said once. The per-GPU records (gpus[], evidence) keep every GPU's own sentence.
+_GPU_NUMBER = re.compile(r"\bGPU (\d+)\b")
+_GPU_REF = re.compile(r"\b(GPU |nvidia)\d+\b")
+
+
+def gpu_list(indices: t.Iterable[int]) -> str:
+    """``GPU 3``, ``GPUs 1-7``, ``GPUs 0, 2 and 5-7``: GPU indices as a reader counts them."""
+    ordered = sorted(set(indices))
+    runs: list[list[int]] = []
+    for i in ordered:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    words = [f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
+    text = ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else (words[0] if words else "")
+    return f"GPU {text}" if len(ordered) == 1 else f"GPUs {text}"
+
+
+def _shape(sentence: str) -> tuple[str, int | None]:
+    """``sentence`` with its GPU's numbers taken out (``GPU 3``, ``nvidia3``), and that GPU's index; the sentence itself
+    and None when it names no GPU, or more than one."""
+    numbers = set(_GPU_NUMBER.findall(sentence))
+    if len(numbers) != 1:
+        return sentence, None
+    return _GPU_REF.sub(lambda m: f"{m.group(1)}#", sentence), int(numbers.pop())
+
+
+def said_once(sentences: t.Sequence[str], shown: t.Sequence[str] | None = None) -> list[str]:
+    """``sentences``, in order, with those that differ only in the GPU they name said once: the first of them, then
+    ``(the same for GPUs 1-7)``. A sentence said twice word for word is said once. ``shown``, when given, is what to
+    print for each sentence (its GPU's UUID besides), ``sentences`` what to compare."""
+    shown = list(shown) if shown is not None else list(sentences)
+    groups: dict[str, list[tuple[int | None, str]]] = {}
+    for sentence, text in zip(sentences, shown):
+        key, index = _shape(sentence)
+        groups.setdefault(key, []).append((index, text))
+    out = []
+    for members in groups.values():
+        first = members[0][1]
+        others = [i for i, _text in members[1:] if i is not None]
+        out.append(f"{first.rstrip().rstrip('.')} (the same for {gpu_list(others)})." if others else first)
+    return out
+
+
+def evidence_text(evidence: t.Sequence[str], said: t.Container[str] = ()) -> str:
+    """The verdict's evidence for a message: sentences that differ only in their GPU said once, and those already in
+    ``said`` (a failed CUDA start the message reports per GPU already) left out."""
+    return " ".join(said_once([e for e in evidence if e not in said]))

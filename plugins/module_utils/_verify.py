@@ -449,12 +449,39 @@ def poll_until_clean(
 
 
 def failure_message(outcome: Outcome, expected_total: int) -> str:
-    """One message naming every dirty GPU, how much it holds, which PIDs, and what to do."""
+    """One message naming every dirty GPU, how much it holds, which PIDs, and what to do, each thing said once: the
+    advice several GPUs share follows their facts once (``GPUs 0-6: end them with ...``), and GPUs whose whole
+    sentence is the same but for their number are one sentence (``... (the same for GPUs 1-7)``). Each GPU's
+    ``detail`` in the result keeps its own full sentence."""
     dirty = [g for g in outcome.gpus if not g["clean"]]
-    parts = [f"{len(dirty)} of {expected_total} GPU(s) not clean after {outcome.elapsed_s:.1f} s:"]
+    shared: dict[str, list[int]] = {}
     for g in dirty:
-        parts.append(f"GPU {g['index']} ({g['uuid'] or 'uuid unknown'}): {g['diagnosis']}: {g['detail']}")
+        tip = ADVICE.get(g["diagnosis"])
+        if tip and g["detail"].endswith(tip):
+            shared.setdefault(tip, []).append(g["index"])
+    compared, shown = [], []
+    for g in dirty:
+        detail = g["detail"]
+        tip = ADVICE.get(g["diagnosis"])
+        if tip and len(shared.get(tip, ())) > 1:
+            detail = detail[: -len(tip)].rstrip()
+        compared.append(f"GPU {g['index']}: {g['diagnosis']}: {detail}")
+        shown.append(f"GPU {g['index']} ({g['uuid'] or 'uuid unknown'}): {g['diagnosis']}: {detail}")
+    parts = [f"{len(dirty)} of {expected_total} GPU(s) not clean after {outcome.elapsed_s:.1f} s:", *_health.said_once(compared, shown)]
+    parts += [f"{_health.gpu_list(indices)}: {tip}" for tip, indices in shared.items() if len(indices) > 1]
     return " ".join(parts)
+
+
+def reported_starts(outcome: Outcome) -> set[str]:
+    """The health evidence of failed CUDA starts that :func:`failure_message` reports already (a GPU not clean for its
+    start's reason, with the same detail): the message leaves them out of its health part."""
+    said = set()
+    for g in outcome.gpus:
+        start = g.get("startable") or {}
+        found = _cuda.finding(start)
+        if found and not g["clean"] and g["diagnosis"] == start.get("reason") and g["detail"] == start.get("detail"):
+            said.add(f"GPU {g['index']}: {found[0]}: {found[1]}.")
+    return said
 
 
 # ---------------------------------------------------------------------- the gpu_mem_verify module
@@ -765,7 +792,8 @@ def run(module: t.Any) -> dict[str, t.Any]:
         )
     reason, msg = verdict(outcome, every, len(selected), p["expected_count"])
     if health is not None and health["verdict"] != _health.OK:
-        msg += f". Health: {health['verdict']}: {' '.join(health['evidence'])} {_health.advice(health['verdict'])}"
+        evidence = _health.evidence_text(health["evidence"], reported_starts(outcome))
+        msg = f"{msg.rstrip('.')}. Health: {health['verdict']}: {evidence + ' ' if evidence else ''}{_health.advice(health['verdict'])}"
         if reason is None and _health.fails(health["verdict"], p["fail_on"]):
             reason = _reasons.UNHEALTHY
             msg += f" (fail_on is {p['fail_on']})"

@@ -341,3 +341,45 @@ def test_host_findings_find_an_mps_daemon_by_its_executable_name(tmp_path) -> No
         proc.kill()
         proc.wait()
     assert proc.pid not in _health.host_findings(fabric_present=False)["mps_daemon"]
+
+
+# ---------------------------------------------------------------------- messages
+@pytest.mark.parametrize(
+    ("indices", "text"),
+    [([3], "GPU 3"), ([1, 2], "GPUs 1, 2"), ([7, 1, 2, 3, 4, 5, 6], "GPUs 1-7"), ([0, 2, 5, 6, 7], "GPUs 0, 2 and 5-7"), ([0, 1, 3], "GPUs 0, 1 and 3")],
+)
+def test_gpu_lists_read_as_a_person_counts(indices: list[int], text: str) -> None:
+    assert _health.gpu_list(indices) == text
+
+
+def test_the_same_finding_on_eight_gpus_is_one_sentence_and_other_findings_stay() -> None:
+    """A container without its GPUs' device files: eight sentences that differ only in the GPU's number are said once,
+    naming the other seven; a finding with facts of its own (a PID, an Xid line) is never folded into another."""
+    missing = [f"reset_gpu: device_missing: /dev/nvidia{i} is absent: CUDA cannot use GPU {i} here; pass its device file into the container." for i in range(8)]
+    ctl = "reset_gpu: device_missing: /dev/nvidiactl is absent: no CUDA program can start."
+    xids = [
+        "GPU 2: reset_gpu: Xid 48 in the kernel log (RESET_GPU): NVRM: Xid (PCI:0000:1a:00): 48",
+        "GPU 5: reset_gpu: Xid 48 in the kernel log (RESET_GPU): NVRM: Xid (PCI:0000:9a:00): 48",
+    ]
+    out = _health.said_once([*missing, ctl, *xids, ctl])
+    assert out == [
+        "reset_gpu: device_missing: /dev/nvidia0 is absent: CUDA cannot use GPU 0 here; pass its device file into the container (the same for GPUs 1-7).",
+        ctl,
+        *xids,
+    ]
+    # What is shown may differ from what is compared (a GPU's UUID beside its index).
+    shown = [f"GPU {i} (GPU-{i}): exclusive." for i in (0, 1)]
+    assert _health.said_once([f"GPU {i}: exclusive." for i in (0, 1)], shown) == ["GPU 0 (GPU-0): exclusive (the same for GPU 1)."]
+
+
+def test_evidence_text_leaves_out_what_the_message_said_already() -> None:
+    evidence = [
+        "GPU 0: reset_gpu: uvm_missing: a CUDA start failed (x).",
+        "GPU 1: reset_gpu: uvm_missing: a CUDA start failed (x).",
+        "GPU 1: restart_app: compute mode is exclusive_process.",
+    ]
+    assert _health.evidence_text(evidence, {evidence[0], evidence[1]}) == "GPU 1: restart_app: compute mode is exclusive_process."
+    assert (
+        _health.evidence_text(evidence)
+        == "GPU 0: reset_gpu: uvm_missing: a CUDA start failed (x) (the same for GPU 1). GPU 1: restart_app: compute mode is exclusive_process."
+    )

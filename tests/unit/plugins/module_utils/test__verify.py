@@ -229,6 +229,35 @@ def test_the_verdict_counts_clean_gpus_and_healthy_ones() -> None:
     assert reason == "not_clean" and msg.startswith("1 of 2 GPU(s) not clean after 0.2 s: GPU 1 (GPU-1): busy: held by PID(s) 42")
 
 
+def test_a_failure_says_each_thing_once() -> None:
+    """Seven busy GPUs: each GPU's own facts (its UUID, memory, PIDs), the advice they share once after them; eight GPUs
+    whose CUDA start failed the same way: one sentence naming the other seven. Each GPU's detail keeps its full sentence."""
+    busy = _verify.ADVICE["busy"]
+    gpus = [
+        {"index": i, "uuid": f"GPU-{i}", "clean": False, "diagnosis": "busy", "detail": f"8009 MiB used, held by PID(s) {3 + 2 * i} (other{i}). {busy}"}
+        for i in range(7)
+    ]
+    gpus.append({"index": 7, "uuid": "GPU-7", "clean": True, "diagnosis": "clean", "detail": "clean"})
+    out = _verify.Outcome(gpus=gpus, elapsed_s=0.02, time_to_clean_s=None, polls=1, notes=[])
+    msg = _verify.failure_message(out, 8)
+    assert msg.count(busy) == 1 and msg.endswith(f"GPUs 0-6: {busy}"), msg
+    for i in range(7):
+        assert f"GPU {i} (GPU-{i}): busy: 8009 MiB used, held by PID(s) {3 + 2 * i} (other{i})." in msg
+    assert all(g["detail"].endswith(busy) for g in gpus[:7])
+    # One busy GPU keeps its advice where it was.
+    one = _verify.Outcome(gpus=gpus[:1], elapsed_s=0.02, time_to_clean_s=None, polls=1, notes=[])
+    assert _verify.failure_message(one, 1) == f"1 of 1 GPU(s) not clean after 0.0 s: GPU 0 (GPU-0): busy: {gpus[0]['detail']}"
+
+    detail = "CUDA error 999 in cuInit: /dev/nvidia-uvm is absent. Load nvidia-uvm, then restart the container."
+    starts = {"ok": False, "reason": "uvm_missing", "detail": detail}
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "clean": False, "diagnosis": "uvm_missing", "detail": detail, "startable": starts} for i in range(8)]
+    out = _verify.Outcome(gpus=gpus, elapsed_s=0.1, time_to_clean_s=None, polls=1, notes=[])
+    msg = _verify.failure_message(out, 8)
+    assert msg == f"8 of 8 GPU(s) not clean after 0.1 s: GPU 0 (GPU-0): uvm_missing: {detail[:-1]} (the same for GPUs 1-7)."
+    # The health verdict's evidence of those starts is what the message said already.
+    assert _verify.reported_starts(out) == {f"GPU {i}: reset_gpu: uvm_missing: a CUDA start failed ({detail})." for i in range(8)}
+
+
 def test_a_lost_gpu_is_counted_but_not_healthy() -> None:
     every = [Gpu(index=0), lost(1), Gpu(index=2)]
     reason, msg = _verify.verdict(outcome(True, True), every, 2, 3)
