@@ -8,6 +8,12 @@
 
 node_exporter's textfile collector reads every ``*.prom`` file of its directory at each scrape, so the file is
 written whole: a temporary file beside it (a name that does not end in ``.prom``), renamed over it.
+
+Names, for joins with dcgm-exporter (the guide's "Joins with dcgm-exporter" gives the PromQL, each query tested against
+Prometheus): ``host`` is the inventory name; the per-GPU series carry dcgm-exporter's own GPU labels and values
+(``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``), camelCase included, which promtool's lint reports as
+it reports dcgm-exporter's; there is no copy of dcgm-exporter's host label (``Hostname``, or ``hostname`` on its main
+branch), whose value is dcgm-exporter's view of the machine, not an inventory name.
 """
 
 from __future__ import annotations

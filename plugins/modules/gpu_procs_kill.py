@@ -229,11 +229,12 @@ EXAMPLES = r"""
 - name: End everything holding any GPU (SIGTERM, 10 s grace, then SIGKILL)
   gpuops.clean_slate.gpu_procs_kill:
 
-- name: End SGLang and vLLM workers, renamed ones included, and their children
+- name: End SGLang and vLLM workers, renamed ones (VLLM::Worker_TP1) included, and their children
   gpuops.clean_slate.gpu_procs_kill:
+    # Patterns are case-sensitive regular expressions: (?i) makes them match VLLM:: too.
     patterns:
-      - 'sglang'
-      - 'vllm'
+      - '(?i)sglang'
+      - '(?i)vllm'
       - 'torchrun'
     include_children: true
     grace_period: 5

@@ -22,17 +22,33 @@ def test_setup_installs_what_is_missing_and_never_touches_a_service(tmp_path: Pa
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls"
-    for name in ("apt-get", *SERVICE_TOOLS):
+    for name in ("apt-get", "dpkg-deb", *SERVICE_TOOLS):
         stub = bin_dir / name
-        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n')
+        # apt-get download leaves a .deb of each package in the directory it runs in, as the real one does.
+        fetch = 'if [ "$1" = download ]; then shift; for a in "$@"; do case $a in -*) ;; *) : > "${a}_1_amd64.deb";; esac; done; fi\n'
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n' + (fetch if name == "apt-get" else ""))
         stub.chmod(0o755)
-    # Only the stand-ins and id are on PATH, so every tool the script looks for on PATH is missing; sshd is
-    # found in /usr/sbin on a machine that has it, which is the case that used to stop and disable its service.
-    shutil.copy(shutil.which("id") or "/usr/bin/id", bin_dir / "id")
-    done = subprocess.run(["/bin/sh", str(SCRIPT)], env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=30, check=False)
+    # Only the stand-ins and a few shell tools are on PATH, so every package the script looks for on PATH is missing;
+    # sshd is found in /usr/sbin on a machine that has it, which is the case that used to stop and disable its service.
+    for tool in ("id", "dirname", "mktemp", "mkdir", "rm"):
+        shutil.copy(shutil.which(tool) or f"/usr/bin/{tool}", bin_dir / tool)
+    # A checkout of its own, whose .build/debian holds nothing yet.
+    script = tmp_path / "checkout" / "tools" / "install-system-deps"
+    script.parent.mkdir(parents=True)
+    shutil.copy(SCRIPT, script)
+    done = subprocess.run(["/bin/sh", str(script)], env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     calls = log.read_text().splitlines()
     installs = [c for c in calls if c.startswith("apt-get install")]
     assert len(installs) == 1 and "strace" in installs[0] and "gcc" in installs[0], calls
+    # Prometheus and node_exporter are unpacked into the checkout, never installed (their packages start services).
+    assert "prometheus" not in installs[0]
+    assert [c for c in calls if c.startswith("apt-get download")] == ["apt-get download -qq prometheus prometheus-node-exporter"], calls
+    unpacked = sorted(c for c in calls if c.startswith("dpkg-deb"))
+    target = tmp_path / "checkout" / ".build" / "debian"
+    assert [(c.split()[1], Path(c.split()[2]).name, c.split()[3]) for c in unpacked] == [
+        ("-x", "prometheus-node-exporter_1_amd64.deb", str(target)),
+        ("-x", "prometheus_1_amd64.deb", str(target)),
+    ], calls
     touched = [c for c in calls if c.split(" ", 1)[0] in SERVICE_TOOLS]
     assert touched == [], f"setup touched the machine's services: {touched}"
