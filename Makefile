@@ -14,6 +14,8 @@ SIM_BUILD := $(ROOT)/tests/sim/build
 COLL_LINK := $(ROOT)/ansible_collections/gpuops/clean_slate
 # Test-only downloads (community.proxmox for the lab's pct_remote container, wheels for its hypervisors).
 TEST_DEPS := $(ROOT)/.build/test-deps.json
+# Debian's Prometheus and node_exporter, unpacked, not installed (tools/install-system-deps says why).
+DEBIAN := $(ROOT)/.build/debian
 PYTEST_ARGS ?=
 
 export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
@@ -26,7 +28,10 @@ export PYTHONDONTWRITEBYTECODE := 1
 all: setup
 
 ## ---------------------------------------------------------------- setup
-setup: $(VENV)/.stamp $(VENV)/.testkit $(SIM_BUILD)/.stamp $(COLL_LINK) $(VENV)/.get-pip-shim $(TEST_DEPS)
+setup: $(VENV)/.stamp $(VENV)/.testkit $(SIM_BUILD)/.stamp $(COLL_LINK) $(VENV)/.get-pip-shim $(TEST_DEPS) $(DEBIAN)/usr/bin/prometheus
+
+$(DEBIAN)/usr/bin/prometheus:
+	@tools/install-system-deps
 
 $(VENV)/.stamp: tests/requirements.txt
 	@tools/install-system-deps
