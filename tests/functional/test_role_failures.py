@@ -7,8 +7,8 @@ ansible-playbook, when something goes wrong.
 * one failure path: every phase's failure (and an unreachable host) gets its summary line, its
   set_stats entry (clean false, phase, reason, msg), its JSON report and its metrics, and its error
   is printed once;
-* tags: no tag combination kills on GPUs that were not read; a kill without verification is red
-  and says so; include_role with tags;
+* tags: no tag combination kills on GPUs that were not read (each phase alone, and include_role under every
+  tag selection: test_role_in_your_playbook.py);
 * role arguments as survey strings; the node_exporter metrics, read with prometheus_client.
 
 Every scenario checks its victims: what must survive is alive afterwards.
@@ -30,6 +30,7 @@ import yaml
 from gpusim import Node
 from prometheus_client.parser import text_string_to_metric_families
 from pvesim import PveSim, load_cluster
+from support import prometheus
 from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, is_node_run, local_inventory, local_play, run_playbook
 from support.proxmox import CLUSTER_SOURCE
 
@@ -258,26 +259,35 @@ def test_the_examples_ansible_cfg_turns_inventory_and_limit_mistakes_into_errors
 # ---------------------------------------------------------------------- one failure path
 def test_mixed_run_one_green_one_unreadable_one_unreachable(three_nodes, tmp_path: Path) -> None:
     """The acceptance scenario on simulated nodes (the lab repeats it over SSH): exactly one green host
-    in set_stats, a red run, every host on record (summary, set_stats, JSON report, metrics)."""
-    n1, n2, _n3, sb = three_nodes
+    in set_stats, a red run, every host on record (summary, set_stats, JSON report, metrics); the metrics read by
+    Debian's node_exporter and Prometheus beside a dcgm-exporter endpoint, every query of the guide's "Records" run
+    as written there."""
+    n1, n2, n3, sb = three_nodes
     ended = [n1.spawn_worker(gpus=[i], mib=8000, sandbox=sb) for i in range(2)]
     # It holds the unreadable host's device files: a kill that went on without the driver would end it.
     bystander = n2.spawn_worker(gpus=[0], mib=8000, sandbox=sb)
+    # Memory no process holds: the clean of 'held' cannot free it, and its GPUs are read to the end.
+    n3.set_fault(orphan={1: 4096})
     reports, metrics = tmp_path / "reports", tmp_path / "metrics"
     metrics.mkdir()
     hosts = {
         "clean": node_vars(n1),
+        "held": node_vars(n3, clean_slate_verify_timeout=0.5),
         "unreadable": node_vars(None, clean_slate_device_dir=str(n2.dev_dir)),
         "gone": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": closed_port(), "ansible_user": "root"},
     }
     inv = local_inventory(tmp_path / "hosts.yml", hosts)
-    run = run_playbook(
-        play(),
-        inventory=inv,
-        env=n1.env(),
-        extra_vars={"clean_slate_report_dir": str(reports), "clean_slate_metrics_dir": str(metrics)},
-        wrapper=sb.nsenter_prefix(),
-    )
+    # Prometheus scrapes from before the run (it is slow to begin), node_exporter reading the metrics directory.
+    with prometheus.prometheus(metrics, lambda: prometheus.dcgm_text([n1, n3]), tmp_path) as prom:
+        run = run_playbook(
+            play(),
+            inventory=inv,
+            env=n1.env(),
+            extra_vars={"clean_slate_report_dir": str(reports), "clean_slate_metrics_dir": str(metrics)},
+            wrapper=sb.nsenter_prefix(),
+        )
+        prom.settle()
+        promql_beside_dcgm_exporter(prom, metrics, [n1, n3])
     assert run.rc == 2, run.output
     green = {h for h, e in artifacts(run).items() if e["clean"]}
     assert green == {"clean"} and set(artifacts(run)) == set(hosts)
@@ -293,8 +303,11 @@ def test_mixed_run_one_green_one_unreadable_one_unreachable(three_nodes, tmp_pat
     # Ansible's own UNREACHABLE line (kept in the play by ignore_unreachable) and the role's one failure.
     assert len([line for line in run.stdout.splitlines() if line.startswith("fatal: [gone]: UNREACHABLE!")]) == 1
 
+    assert_red(run, "held", "verify", "held_outside_namespace", "GPU 1", reports)
+
     # node_exporter textfile metrics, per host, parsed as Prometheus parses them.
-    assert sorted(p.name for p in metrics.iterdir()) == ["clean_slate_clean.prom", "clean_slate_unreadable.prom"]  # nothing to write on 'gone'
+    written = ["clean_slate_clean.prom", "clean_slate_held.prom", "clean_slate_unreadable.prom"]
+    assert sorted(p.name for p in metrics.iterdir()) == written  # nothing to write on 'gone'
     fams = {f.name: f for f in text_string_to_metric_families((metrics / "clean_slate_clean.prom").read_text())}
     assert fams["clean_slate_last_run_success"].samples[0].value == 1
     assert fams["clean_slate_last_run_success"].samples[0].labels == {"host": "clean"}
@@ -309,6 +322,47 @@ def test_mixed_run_one_green_one_unreadable_one_unreachable(three_nodes, tmp_pat
     assert red["clean_slate_last_run_success"].samples[0].value == 0
     assert red["clean_slate_last_run_info"].samples[0].labels == {"host": "unreadable", "phase": "preflight", "reason": "driver_not_loaded"}
     assert "clean_slate_gpu_used_mib" not in red or red["clean_slate_gpu_used_mib"].samples == []
+
+
+#: The guide's joins ("Joins with dcgm-exporter"), each with the series (gpu, host, value) it must return after the mixed
+#: run: dcgm-exporter's endpoint serves the GPUs of 'clean' (both freed) and of 'held' (GPU 1 holds memory no process
+#: holds), and the hosts' files are in one textfile directory, as a hypervisor holds its containers' files.
+JOINS = {
+    # dcgm-exporter's series, with the host the clean names.
+    "DCGM_FI_DEV_FB_USED * on(UUID) group_left(host) group by (UUID, host) (clean_slate_gpu_used_mib)": [
+        ("0", "clean", 0.0), ("0", "held", 0.0), ("1", "clean", 0.0), ("1", "held", 4096.0), ("2", "held", 0.0)
+    ],
+    # The GPUs, as dcgm-exporter reads them, of hosts whose last clean failed.
+    ("DCGM_FI_DEV_FB_USED * on(UUID) group_left(host) (group by (UUID, host) (clean_slate_gpu_used_mib) and on(host) (clean_slate_last_run_success == 0))"): [
+        ("0", "held", 0.0), ("1", "held", 4096.0), ("2", "held", 0.0)
+    ],
+    # dcgm-exporter's GPUs on the nodes where a clean failed: node_exporter and dcgm-exporter on the same machine,
+    # scraped at the same address on two ports.
+    (
+        'label_replace(DCGM_FI_DEV_FB_USED, "node", "$1", "instance", "(.+):[0-9]+")'
+        ' and on(node) label_replace(clean_slate_last_run_success == 0, "node", "$1", "instance", "(.+):[0-9]+")'
+    ): [("0", None, 0.0), ("0", None, 0.0), ("1", None, 0.0), ("1", None, 4096.0), ("2", None, 0.0)],
+}  # fmt: skip
+#: The guide's alerts, and the hosts each fires for.
+ALERTS = {"clean_slate_last_run_success == 0": {"held", "unreadable"}, "time() - clean_slate_last_run_timestamp_seconds > 86400": set()}
+
+
+def promql_beside_dcgm_exporter(prom: prometheus.Prometheus, textfile_dir: Path, nodes: list[Node]) -> None:
+    """The guide's queries, as written there, against Prometheus scraping node_exporter's textfile collector and a
+    dcgm-exporter endpoint for ``nodes``; promtool's one finding is the camelCase labels kept from dcgm-exporter."""
+    guide = " ".join((ROOT / "docs" / "docsite" / "rst" / "guide_clean_slate.rst").read_text().split())
+    for expr in [*JOINS, *ALERTS]:
+        assert expr in guide, f"the guide does not give this query as tested: {expr}"
+    for text in [*(p.read_text() for p in sorted(textfile_dir.iterdir())), prometheus.dcgm_text(nodes)]:
+        camel = "UUID=" in text  # a file with per-GPU rows ('unreadable' has none)
+        assert prometheus.promtool_findings(text) == ((3, {"label names should be written in 'snake_case' not 'camelCase'"}) if camel else (0, set())), text
+    # node_exporter read every file whole.
+    assert [float(r["value"][1]) for r in prom.query("node_textfile_scrape_error")] == [0.0]
+    for expr, want in JOINS.items():
+        got = sorted((r["metric"]["gpu"], r["metric"].get("host"), float(r["value"][1])) for r in prom.query(expr))
+        assert got == sorted(want, key=lambda w: (w[0], w[1] or "", w[2])), (expr, got)
+    for expr, hosts in ALERTS.items():
+        assert {r["metric"]["host"] for r in prom.query(expr)} == hosts, expr
 
 
 def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
@@ -474,64 +528,6 @@ def test_tags_kill_never_runs_on_gpus_that_were_not_read(node, tmp_path: Path) -
     assert not worker.alive()
     assert_red(run, "host-a", "verify", "not_verified", "1 process(es) were ended, but the GPUs were not verified")
     assert summary(run, "host-a").startswith("host-a: GPUs not verified in ")
-
-
-def test_tags_each_phase_alone(node, tmp_path: Path) -> None:
-    n, sb = node
-    worker = sb.spawn_worker(gpus=[0], mib=8000, title="sglang::scheduler_TP0")
-    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n)})
-    # The reading alone: red while a GPU is busy, and nothing is ended.
-    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_preflight", wrapper=sb.nsenter_prefix())
-    assert run.rc == 2, run.output
-    assert_red(run, "host-a", "preflight", "busy", "Only the GPUs were read")
-    assert worker.alive() and gpuops_tasks(run) == ["preflight"]
-    # The kill alone ends it and says that nothing verified it.
-    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_kill", wrapper=sb.nsenter_prefix())
-    assert run.rc == 2, run.output
-    assert not worker.alive()
-    assert gpuops_tasks(run) == ["preflight", "kill"]
-    assert_red(run, "host-a", "verify", "not_verified", "the clean_slate_verify phase did not run")
-    # The verification alone proves the node clean: green.
-    run = run_playbook(PLAYBOOK, inventory=inv, env=n.env(), tags="clean_slate_verify", wrapper=sb.nsenter_prefix())
-    assert run.rc == 0, run.output
-    assert gpuops_tasks(run) == ["verify"]
-    assert artifacts(run)["host-a"]["clean"] is True and summary(run, "host-a").startswith("host-a: 2/2 GPUs clean in ")
-
-
-def test_include_role_with_tags(node, tmp_path: Path) -> None:
-    """The README's include_role: tagged always, applying the deploy's own tag inside, so that --tags clean_slate_verify
-    runs only the verification and --tags deploy runs every phase; without Ansible's own argument-spec check, a wrong
-    variable is refused by the role and recorded, whatever the tags. (test_role_in_your_playbook.py runs the pattern
-    under every tag selection.)"""
-    n, sb = node
-    worker = sb.spawn_worker(gpus=[1], mib=8000, title="VLLM::Worker_TP1")
-    deploy = [
-        {
-            "name": "Deploy inference servers",
-            "hosts": "gpu_nodes",
-            "gather_facts": False,
-            "tasks": [
-                {
-                    "name": "Give the GPUs a clean slate",
-                    "ansible.builtin.include_role": {"name": ROLE, "apply": {"tags": ["deploy"]}, "rolespec_validate": False},
-                    "tags": ["always"],
-                },
-                {"name": "Start the server", "ansible.builtin.assert": {"that": ["clean_slate_result.clean"]}, "tags": ["deploy"]},
-            ],
-        }
-    ]
-    inv = local_inventory(tmp_path / "hosts.yml", {"host-a": node_vars(n, clean_slate_verify_timeout=0)})
-    run = run_playbook(deploy, inventory=inv, env=n.env(), tags="clean_slate_verify", wrapper=sb.nsenter_prefix())
-    assert run.rc == 2, run.output
-    assert gpuops_tasks(run) == ["verify"] and worker.alive()
-    assert_red(run, "host-a", "verify", "busy", "GPU 1")
-    run = run_playbook(deploy, inventory=inv, env=n.env(), tags="clean_slate_kill", args=["-e", "clean_slate_signal=STOP"], wrapper=sb.nsenter_prefix())
-    assert run.rc == 2 and worker.alive() and not run.node_runs(), run.output
-    assert_red(run, "host-a", "arguments", "bad_variable", "value of clean_slate_signal must be one of: TERM, INT, HUP, QUIT, USR1, USR2, KILL, got: STOP.")
-    run = run_playbook(deploy, inventory=inv, env=n.env(), tags="deploy", args=["-e", "clean_slate_verify_timeout=5"], wrapper=sb.nsenter_prefix())
-    assert run.rc == 0, run.output
-    assert gpuops_tasks(run) == ["preflight", "kill", "residue", "verify"]
-    assert not worker.alive() and run.task("Start the server")["status"] == "ok"
 
 
 # ---------------------------------------------------------------------- records
