@@ -77,15 +77,18 @@ def test_the_include_pattern_is_the_same_in_readme_guide_and_role_docs() -> None
 # ---------------------------------------------------------------------- the include pattern under every tag selection
 def deploy_play(started: Path) -> list[dict[str, Any]]:
     """README.md's deploy play as written, its include task verbatim; the server start writes a file instead of starting
-    SGLang (as a real start, it does nothing in check mode)."""
+    SGLang (as a real start, it does nothing in check mode), and a task that runs in check mode too is guarded as the
+    README says (``check_mode: false`` with ``when: clean_slate_result.clean``)."""
     play = yaml_after("README.md")
     tasks = play[0]["tasks"]
     assert tasks[1]["name"] == "Start SGLang" and tasks[1]["tags"] == ["deploy"]
-    tasks[1] = {
-        "name": "Start SGLang",
-        "ansible.builtin.copy": {"content": "started\n", "dest": f"{started}/{{{{ inventory_hostname }}}}", "mode": "0644"},
-        "tags": ["deploy"],
-    }
+    dest = f"{started}/{{{{ inventory_hostname }}}}"
+    tasks[1] = {"name": "Start SGLang", "ansible.builtin.copy": {"content": "started\n", "dest": dest, "mode": "0644"}, "tags": ["deploy"]}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "(`check_mode: false`) with `when: clean_slate_result.clean`" in readme
+    guarded = {"content": "started\n", "dest": dest + ".guarded", "mode": "0644"}
+    guard = {"check_mode": False, "when": "clean_slate_result.clean", "tags": ["deploy"]}
+    tasks.append({"name": "Start, check mode too", "ansible.builtin.copy": guarded, **guard})
     return play
 
 
@@ -152,6 +155,8 @@ def test_the_task_after_the_role_never_runs_on_a_host_not_proven_clean(tmp_path:
     assert (used[1] >= 8000) == survives, (used, run.output)
     # The server started only where the GPUs were proven clean, and they are: the simulated driver reads them free.
     assert (started / "host-a").exists() == starts, run.output
+    # The README's guard keeps a task that runs even under --check off a host not proven clean.
+    assert (started / "host-a.guarded").exists() == starts, run.output
     if starts:
         assert clean and used == [0, 0]
 
