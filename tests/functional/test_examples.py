@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import psutil
 import yaml
 from gpusim import Node
 from pvesim import PveSim, load_cluster
 from support.ansible import ROOT, local_play, run_playbook
+from support.orphans import renamed
 from support.proxmox import group_hosts, inventory_list
 
 from ansible_collections.gpuops.clean_slate.plugins.modules import gpu_procs_kill
@@ -27,15 +27,7 @@ def test_gpu_procs_kill_example_ends_renamed_vllm_and_sglang_workers() -> None:
     with Node(gpus=2, seed="example") as n:
         sb = n.sandbox()
         try:
-            for name in names:
-                sb.spawn_detached(["bash", "-c", f'exec -a "{name}" sleep 300'])
-            procs: dict[str, psutil.Process] = {}
-            for _attempt in range(500):
-                procs = {p.info["cmdline"][0]: p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.info["cmdline"][0] in names}
-                if len(procs) == len(names):
-                    break
-                psutil.wait_procs([], timeout=0.01)
-            assert set(procs) == set(names)
+            procs = renamed(sb, names)
             defaults = {"gpuops.clean_slate.gpu_procs_kill": {"device_dir": str(n.dev_dir)}}
             run = run_playbook(local_play([task], module_defaults=defaults), inventory="localhost,", env=n.env(), wrapper=sb.nsenter_prefix())
             assert run.rc == 0, run.output

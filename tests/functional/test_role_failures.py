@@ -24,7 +24,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import yaml
 from gpusim import Node
@@ -32,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pvesim import PveSim, load_cluster
 from support import prometheus
 from support.ansible import ROOT, VENV_PYTHON, AnsibleRun, is_node_run, local_inventory, local_play, run_playbook
+from support.orphans import renamed
 from support.proxmox import CLUSTER_SOURCE
 
 PLAYBOOK = ROOT / "playbooks" / "clean_slate.yml"
@@ -555,16 +555,7 @@ def test_the_readme_module_example_ends_renamed_workers_in_any_case(tmp_path: Pa
         sb = n.sandbox()
         try:
             # Renamed processes that hold no GPU: only the name patterns can find them.
-            names = ["VLLM::Worker_TP1", "sglang::scheduler_TP0", "other-job"]
-            for name in names:
-                sb.spawn_detached(["bash", "-c", f'exec -a "{name}" sleep 300'])
-            procs: dict[str, psutil.Process] = {}
-            for _attempt in range(500):
-                procs = {p.info["cmdline"][0]: p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.info["cmdline"][0] in names}
-                if len(procs) == len(names):
-                    break
-                psutil.wait_procs([], timeout=0.01)
-            assert set(procs) == set(names)
+            procs = renamed(sb, ["VLLM::Worker_TP1", "sglang::scheduler_TP0", "other-job"])
             # The tasks as written; the simulated node keeps its device files in its own directory, not /dev, which the
             # play says once for both modules (as on a host whose device files live elsewhere).
             defaults = {f"gpuops.clean_slate.{m}": {"device_dir": str(n.dev_dir)} for m in ("gpu_procs_kill", "gpu_mem_verify")}

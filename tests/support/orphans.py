@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+import typing as t
+
+import psutil
 
 
 def spawn_orphan(argv: list[str], ready: bytes | None = None, timeout: float = 10.0) -> int:
@@ -68,3 +71,18 @@ def gone(pid: int, timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+def renamed(sandbox: t.Any, names: list[str]) -> dict[str, psutil.Process]:
+    """A process per name in ``sandbox``, each renamed (``exec -a``) as a server renames its workers and holding no GPU,
+    so that only name patterns can find them; returned by name once every one shows its name."""
+    for name in names:
+        sandbox.spawn_detached(["bash", "-c", f'exec -a "{name}" sleep 300'])
+    procs: dict[str, psutil.Process] = {}
+    for _attempt in range(500):
+        procs = {p.info["cmdline"][0]: p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.info["cmdline"][0] in names}
+        if len(procs) == len(names):
+            break
+        psutil.wait_procs([], timeout=0.01)
+    assert set(procs) == set(names), procs
+    return procs
