@@ -12,26 +12,21 @@ than NVML reads free, a GPU wedged in UVM, no ``libcuda.so.1``. So the verificat
 through ``libcuda.so.1`` directly: ``cuInit``, the primary context, an allocation of ``fraction`` of the GPU's
 memory (what a server asks for), a memset, a synchronize, the free and the release, timing each step.
 
-The module process never loads CUDA: CUDA is not fork-safe, and the module forks its NVML helpers. Each GPU's start
-runs in a helper of its own, forked from the module (which has not touched CUDA) with ``CUDA_VISIBLE_DEVICES`` set to
-that GPU's UUID, so that the GPUs are probed in parallel and a GPU that hangs holds up only its own helper. The
-helper says which call it is making before it makes it (a line on a pipe); one that has not answered by its deadline
-is killed (SIGKILL: the driver's waits are killable) and reaped, and its GPU is ``cuda_hung``, named by that call.
-The caller then reads NVML again until the helpers' processes and memory are gone, so the probe is never the next
-start's residue (:mod:`._verify`).
+The start itself is :mod:`._cuda_program`, one self-contained text: here, each GPU's start runs in a helper forked
+from the module (which never loads CUDA: it is not fork-safe), with ``CUDA_VISIBLE_DEVICES`` set to that GPU's UUID,
+so that the GPUs are probed in parallel and a GPU that hangs holds up only its own helper, killed at its deadline
+(``cuda_hung``, named by the call it was in); in container scope the same text runs inside the container
+(:mod:`._inside`). This file names what the answers mean: each failure's reason, its CUDA error and a sentence that
+says what to do. The caller then reads NVML again until the helpers' processes and memory are gone, so the probe is
+never the next start's residue (:mod:`._verify`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
-import os
-import select
-import signal
 import time
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _health, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda_program, _health, _reasons
 
 #: cuda.h's CUresult names of the codes a start meets.
 ERROR_NAMES = {
@@ -59,7 +54,8 @@ _CODE_REASONS = {
     214: _reasons.ECC_UNCORRECTABLE,
     802: _reasons.FABRIC_NOT_READY,
 }
-#: Where each failed start puts the GPU on the health verdict's scale (``_health.VERDICTS``).
+#: Where each failed start puts the GPU on the health verdict's scale (``_health.VERDICTS``). A start that could not be
+#: made (``cuda_unproven``) says nothing of the GPU's health: the GPU is not clean, and its health is what was read.
 VERDICTS = {
     _reasons.UVM_MISSING: _health.RESET_GPU,
     _reasons.DEVICE_MISSING: _health.RESET_GPU,
@@ -72,26 +68,12 @@ VERDICTS = {
     _reasons.CUDA_ERROR: _health.RESET_GPU,
     _reasons.CUDA_RESIDUE: _health.RESET_GPU,
 }
-#: Variables DCGM's software plugin flags as breaking or slowing CUDA starts (NVIDIA/DCGM nvvs Software.cpp,
-#: checkForBadEnvVaribles): the probe's helper runs without them, so that it proves the GPU, not the task's environment.
-BAD_ENV = (
-    "NSIGHT_CUDA_DEBUGGER",
-    "CUDA_INJECTION32_PATH",
-    "CUDA_INJECTION64_PATH",
-    "CUDA_AUTO_BOOST",
-    "CUDA_ENABLE_COREDUMP_ON_EXCEPTION",
-    "CUDA_COREDUMP_FILE",
-    "CUDA_DEVICE_WAITS_ON_EXCEPTION",
-    "CUDA_PROFILE",
-    "COMPUTE_PROFILE",
-    "OPENCL_PROFILE",
-)
-#: How long a killed helper may take to be reaped (one stuck in an uninterruptible wait of the driver is left, and said).
-REAP_WAIT_S = 0.5
+#: Variables DCGM flags as breaking CUDA starts; the probe's helper runs without them (:data:`._cuda_program.BAD_ENV`).
+BAD_ENV = _cuda_program.BAD_ENV
+#: How long a killed helper may take to be reaped (:data:`._cuda_program.REAP_WAIT_S`).
+REAP_WAIT_S = _cuda_program.REAP_WAIT_S
 #: A bare primary context on an H200 (docs/results/cuda-facts-h200x1-2026-12-02.json: free = total - 527 MiB).
 CONTEXT_MIB = 527
-_PR_SET_PDEATHSIG = 1
-MIB = 1 << 20
 
 
 class Target(t.NamedTuple):
@@ -102,189 +84,13 @@ class Target(t.NamedTuple):
     context_only: bool = False
 
 
-# ---------------------------------------------------------------------- the helper
-def _start(out_fd: int, uuid: str, fraction: float, context_only: bool) -> None:  # pragma: no cover - runs in the helper
-    """The start, in the forked helper: each call announced (``S <name>``) before it is made, the answer last (``R <json>``)."""
-
-    def say(line: str) -> None:
-        data = (line + "\n").encode()
-        while data:
-            data = data[os.write(out_fd, data) :]
-
-    res: dict[str, t.Any] = {"steps": {}, "code": None, "step": None}
-
-    def call(name: str, fn: t.Any, *args: t.Any) -> bool:
-        say(f"S {name}")
-        began = time.monotonic()
-        code = int(fn(*args))
-        res["steps"][name] = round(time.monotonic() - began, 4)
-        if code != 0:
-            res.update(code=code, step=name)
-            text = ctypes.c_char_p()
-            if cuda.cuGetErrorString(code, ctypes.byref(text)) == 0 and text.value:
-                res["text"] = text.value.decode("utf-8", "replace")
-            return False
-        return True
-
-    say("S dlopen")
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        res.update(step="dlopen", dlopen_error=str(exc))
-        say("R " + json.dumps(res))
-        return
-    dev, count, ctx, ptr = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-    free, total, raw = ctypes.c_size_t(), ctypes.c_size_t(), (ctypes.c_ubyte * 16)()
-    ok = call("cuInit", cuda.cuInit, 0) and call("cuDeviceGetCount", cuda.cuDeviceGetCount, ctypes.byref(count))
-    if ok and count.value < 1:
-        res.update(code=100, step="cuDeviceGetCount")
-        ok = False
-    ok = ok and call("cuDeviceGet", cuda.cuDeviceGet, ctypes.byref(dev), 0)
-    if ok and hasattr(cuda, "cuDeviceGetUuid_v2") and call("cuDeviceGetUuid_v2", cuda.cuDeviceGetUuid_v2, raw, dev):
-        res["uuid"] = "GPU-" + "-".join(bytes(raw).hex()[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))
-    ok = ok and call("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain, ctypes.byref(ctx), dev)
-    retained = ok
-    ok = ok and call("cuCtxSetCurrent", cuda.cuCtxSetCurrent, ctx)
-    ok = ok and call("cuMemGetInfo_v2", cuda.cuMemGetInfo_v2, ctypes.byref(free), ctypes.byref(total))
-    if ok:
-        res["cuda_free_mib"], res["cuda_total_mib"] = free.value // MIB, total.value // MIB
-    size = 0 if context_only else int(total.value * fraction)
-    if ok and size > 0:
-        ok = call("cuMemAlloc_v2", cuda.cuMemAlloc_v2, ctypes.byref(ptr), ctypes.c_size_t(size))
-        if ok:
-            res["allocated_mib"] = size // MIB
-            ok = call("cuMemsetD8_v2", cuda.cuMemsetD8_v2, ptr, ctypes.c_ubyte(0xA5), ctypes.c_size_t(size))
-            ok = call("cuCtxSynchronize", cuda.cuCtxSynchronize) and ok
-            ok = call("cuMemFree_v2", cuda.cuMemFree_v2, ptr) and ok
-    if retained:
-        release = getattr(cuda, "cuDevicePrimaryCtxRelease_v2", None) or cuda.cuDevicePrimaryCtxRelease
-        ok = call("cuDevicePrimaryCtxRelease", release, dev) and ok
-    res["ok"] = ok
-    if ok and res.get("uuid") and res["uuid"].lower() != uuid.lower():
-        res.update(ok=False, step="cuDeviceGetUuid_v2", mismatch=res["uuid"])
-    say("R " + json.dumps(res))
-
-
-def _helper(out_fd: int, parent: int, target: Target, fraction: float) -> None:  # pragma: no cover - runs in the helper
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        return
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-    # Nothing of the module's (its NVML helper's pipes, Ansible's files) stays open in the helper.
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2 and fd != out_fd:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    os.environ["CUDA_VISIBLE_DEVICES"] = target.uuid
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    for name in BAD_ENV:
-        os.environ.pop(name, None)
-    _start(out_fd, target.uuid, fraction, target.context_only)
-
-
 # ---------------------------------------------------------------------- the module's side
-class _Running:
-    def __init__(self, target: Target, pid: int, fd: int, now: float) -> None:
-        self.target = target
-        self.pid = pid
-        self.fd = fd
-        self.began = now
-        self.step = "fork"
-        self.buffer = b""
-        self.result: dict[str, t.Any] | None = None
-
-
-def _reap(pids: list[int]) -> list[int]:
-    """Wait up to REAP_WAIT_S for the helpers to be reaped; the pids still not reaped (stuck in the driver)."""
-    left = list(pids)
-    deadline = time.monotonic() + REAP_WAIT_S
-    while left:
-        for pid in list(left):
-            try:
-                done, _status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                left.remove(pid)
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.002)
-    return left
-
-
 def probe(
     targets: t.Sequence[Target], fraction: float, timeout: float, clock: t.Callable[[], float] = time.monotonic
 ) -> tuple[dict[int, dict[str, t.Any]], list[int]]:
-    """Start CUDA on every target at once, each in a helper of its own under ``timeout`` seconds.
-
-    Returns each GPU's raw answer (``ok``, ``code``, ``text``, ``step``, ``steps``, ``cuda_free_mib``,
-    ``cuda_total_mib``, ``allocated_mib``, ``pid``, ``elapsed_s``; ``hung`` with the call it was in; ``dlopen_error``)
-    and the helpers that did not die of SIGKILL in time.
-    """
-    running: list[_Running] = []
-    parent = os.getpid()
-    for target in targets:
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the helper
-            try:
-                os.close(read_fd)
-                _helper(write_fd, parent, target, fraction)
-            finally:
-                os._exit(0)
-        os.close(write_fd)
-        running.append(_Running(target, pid, read_fd, clock()))
-    pending = list(running)
-    while pending:
-        now = clock()
-        for r in list(pending):
-            if now - r.began >= timeout:
-                try:
-                    os.kill(r.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                r.result = {"ok": False, "hung": r.step, "waited_s": round(now - r.began, 3), "steps": {}}
-                pending.remove(r)
-        if not pending:
-            break
-        wait = min(r.began + timeout for r in pending) - now
-        ready = select.select([r.fd for r in pending], [], [], max(0.0, wait))[0]
-        for r in [r for r in pending if r.fd in ready]:
-            chunk = os.read(r.fd, 65536)
-            r.buffer += chunk
-            *lines, r.buffer = r.buffer.split(b"\n")
-            for line in lines:
-                kind, _sep, body = line.decode("utf-8", "replace").partition(" ")
-                if kind == "S":
-                    r.step = body
-                elif kind == "R":
-                    r.result = json.loads(body)
-            if not chunk or r.result is not None:
-                if r.result is None:
-                    r.result = {"ok": False, "died": r.step, "steps": {}}
-                r.result["elapsed_s"] = round(clock() - r.began, 4)
-                pending.remove(r)
-    for r in running:
-        os.close(r.fd)
-    left = _reap([r.pid for r in running])
-    out = {}
-    for r in running:
-        result = dict(r.result or {})
-        result["pid"] = r.pid
-        result.setdefault("elapsed_s", round(clock() - r.began, 4))
-        out[r.target.gpu] = result
-    return out, left
+    """Start CUDA on every target at once, each in a helper forked from this process under ``timeout`` seconds
+    (:func:`._cuda_program.probe`): each GPU's raw answer, and the helpers that did not die of SIGKILL in time."""
+    return _cuda_program.probe(targets, fraction, timeout, clock)
 
 
 # ---------------------------------------------------------------------- judging an answer
@@ -314,7 +120,7 @@ def judge(
         "reason": None,
         "code": code,
         "error": error_name(code) if code else None,
-        "step": raw.get("step") or raw.get("hung") or raw.get("died"),
+        "step": raw.get("step") or raw.get("hung") or raw.get("died") or raw.get("abandoned"),
         "detail": "a CUDA context" + ("" if context_only else f", {raw.get('allocated_mib', 0)} MiB allocated, set and freed") + ", released",
         "context_only": context_only,
         "elapsed_s": raw.get("elapsed_s"),
@@ -338,16 +144,23 @@ def _why(
     said = f"CUDA error {code} ({error_name(code)}{': ' + raw['text'] if raw.get('text') else ''}) in {step}"
     uvm = devices.get("uvm") or {"ok": True}
     node = (devices.get("gpus") or {}).get(gpu) or {"ok": True}
+    if "unproven" in raw:
+        return _reasons.CUDA_UNPROVEN, (
+            f"{raw['unproven']} NVML reads the GPU clean, but a server may still fail to start there (a device file not passed"
+            " through, nvidia-uvm missing): it is not proven startable."
+        )
     if "dlopen_error" in raw:
         return _reasons.NO_LIBCUDA, (
             f"libcuda.so.1 cannot be loaded ({raw['dlopen_error']}): NVML works, but no CUDA program can start. Install the driver's"
             " user-space libraries of the kernel module's version (in an LXC container, the host's driver version) or put their"
             " directory on the loader's path."
         )
-    if "hung" in raw or "died" in raw:
-        where = raw.get("hung") or raw.get("died")
+    if "hung" in raw or "died" in raw or "abandoned" in raw:
+        where = raw.get("hung") or raw.get("died") or raw.get("abandoned")
         if "died" in raw:
             return _reasons.CUDA_ERROR, f"the CUDA probe's helper died in {where} before it answered. Check dmesg for Xid errors and segfaults."
+        if "abandoned" in raw:
+            return _reasons.CUDA_ERROR, f"the CUDA probe's helper was killed in {where}: the run that asked for it went away. Run again."
         return _reasons.CUDA_HUNG, (
             f"the CUDA start did not finish within {timeout:g} s (cuda_probe_timeout): it was stuck in {where}, and its helper"
             " process was killed. A GPU that hangs a CUDA start is wedged in the driver (often in UVM): reboot the node (or follow"
@@ -406,8 +219,8 @@ def _why(
 
 
 def finding(record: dict[str, t.Any]) -> tuple[str, str] | None:
-    """``(verdict, sentence)`` of a failed start for the GPU's health, None for one that worked or did not run."""
-    if not record or record.get("ok") is not False or not record.get("reason"):
+    """``(verdict, sentence)`` of a failed start for the GPU's health, None for one that worked, did not run or could not be made."""
+    if not record or record.get("ok") is not False or record.get("reason") not in VERDICTS:
         return None
     return VERDICTS[record["reason"]], f"{record['reason']}: a CUDA start failed ({record['detail']})"
 

@@ -57,6 +57,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
     _checks,
+    _inside,
     _kill,
     _metrics,
     _module,
@@ -173,7 +174,8 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
         _checks.executable("pct_path", p["pct_path"])
     if "preflight" in phases or "verify" in phases:
         with refused("preflight" if "preflight" in phases else "verify", errors):
-            out["verify"] = phase_params("verify", _verify.argument_spec(), p["verify"])
+            # The container scope is the umbrella's, as the kill's and the residue's: the CUDA start is made in that container.
+            out["verify"] = {**phase_params("verify", _verify.argument_spec(), p["verify"]), **scope}
             _verify.validate(out["verify"])
             # The before picture: one reading, judged but never failed for being dirty, without the count check.
             out["preflight"] = {**out["verify"], "timeout": 0.0, "fail_on_dirty": False, "expected_count": None}
@@ -300,7 +302,12 @@ def run_local(module: t.Any, command: str, timeout: float) -> dict[str, t.Any]:
 
 def verify_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
     nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
-    return _module.outcome(Phase(module, params, module.check_mode), _verify.run, "gpu_mem_verify", libraries=[nvml], details=_verify.failure_details)
+    return _module.outcome(Phase(module, params, module.check_mode), verify_body, "gpu_mem_verify", libraries=[nvml], details=_verify.failure_details)
+
+
+def verify_body(phase: t.Any) -> dict[str, t.Any]:
+    """gpu_mem_verify's run; in container scope the CUDA start and the device files are the container's, through pct."""
+    return _verify.run(phase, _inside.runner(phase))
 
 
 def kill_phase(module: t.Any, params: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:

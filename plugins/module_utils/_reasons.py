@@ -154,6 +154,9 @@ CUDA_HUNG = "cuda_hung"
 CUDA_ERROR = "cuda_error"
 #: The probe's own context was still on the GPU after its helper ended.
 CUDA_RESIDUE = "cuda_residue"
+#: Container scope: the start could not be made inside the container (no python3 there, pct failed or timed out), so
+#: nothing proves that a server can start there; the detail says why.
+CUDA_UNPROVEN = "cuda_unproven"
 
 # ---------------------------------------------------------------------- groups
 #: What NVML's failures become (_nvml.NvmlError); the GPUs cannot be read, or one GPU cannot.
@@ -172,7 +175,19 @@ NVML = (
 #: Looking up a container's init (O(containers), pct_exec's container check).
 CONTAINERS = (NOT_RUNNING, NO_SUCH_CONTAINER, PCT_FAILED)
 #: What a failed CUDA start on a GPU is diagnosed as.
-STARTABILITY = (UVM_MISSING, DEVICE_MISSING, NO_LIBCUDA, CUDA_BUSY, CUDA_OOM, ECC_UNCORRECTABLE, FABRIC_NOT_READY, CUDA_HUNG, CUDA_ERROR, CUDA_RESIDUE)
+STARTABILITY = (
+    UVM_MISSING,
+    DEVICE_MISSING,
+    NO_LIBCUDA,
+    CUDA_BUSY,
+    CUDA_OOM,
+    ECC_UNCORRECTABLE,
+    FABRIC_NOT_READY,
+    CUDA_HUNG,
+    CUDA_ERROR,
+    CUDA_RESIDUE,
+    CUDA_UNPROVEN,
+)
 #: gpu_mem_verify's per-GPU diagnoses, ``clean`` included.
 DIAGNOSES = (
     CLEAN,

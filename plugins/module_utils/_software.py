@@ -22,10 +22,9 @@ this adds the rest, all cheap (a stat and an open per device file, three environ
 from __future__ import annotations
 
 import os
-import re
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda, _health, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda, _cuda_program, _health, _reasons
 
 #: Findings that are no reason (the others are the startability reasons of the same cause).
 UVM_TOOLS_MISSING = "uvm_tools_missing"
@@ -34,6 +33,9 @@ DEVICE_COUNT = "device_count"
 PERSISTENCE_OFF = "persistence_off"
 CUDA_ENV = "cuda_env"
 INFOROM_CORRUPT = "inforom_corrupt"
+#: Container scope: the container's device files could not be looked at (the program that does it could not run there).
+DEVICES_UNCHECKED = "devices_unchecked"
+OK_NODE: dict[str, t.Any] = {"ok": True, "why": None}
 
 NOT_VISIBLE = (
     "a job's own environment (its systemd unit, its launcher script, the shell that started it) is not visible to the"
@@ -42,67 +44,10 @@ NOT_VISIBLE = (
 _NVML_ERROR_CORRUPTED_INFOROM = 14
 
 
-def node(path: str) -> dict[str, t.Any]:
-    """``{path, ok, why}`` of one device file: present, a character device (or, in a simulator, a file) and openable."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return {"path": path, "ok": False, "why": f"{path} is absent"}
-    except OSError as exc:
-        return {"path": path, "ok": False, "why": f"{path} cannot be looked at ({exc.strerror})"}
-    if os.path.isdir(path):
-        names = sorted(os.listdir(path))
-        if not names:
-            return {"path": path, "ok": False, "why": f"{path} is empty"}
-        bad = [n for n in (node(os.path.join(path, name)) for name in names) if not n["ok"]]
-        return {"path": path, "ok": not bad, "why": bad[0]["why"] if bad else None}
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        # In a container the device cgroup refuses here (EPERM); a node of a driver not loaded says ENXIO/ENODEV.
-        return {"path": path, "ok": False, "why": f"{path} is present but cannot be opened ({exc.strerror})", "mode": oct(st.st_mode)}
-    os.close(fd)
-    return {"path": path, "ok": True, "why": None}
-
-
-def uvm_major() -> int | None:
-    """nvidia-uvm's major number from /proc/devices (dynamic: 511, 508, 238 ... where 195 is the GPUs'), or None."""
-    try:
-        with open("/proc/devices", encoding="utf-8") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) == 2 and parts[1] == "nvidia-uvm" and parts[0].isdigit():
-                    return int(parts[0])
-    except OSError:
-        return None
-    return None
-
-
-def device_nodes(device_dir: str, gpus: t.Sequence[tuple[int, int | None, bool]], nvml_count: int) -> dict[str, t.Any]:
-    """What the device files say: ``gpus`` (index -> node), ``ctl``, ``uvm``, ``uvm_tools``, ``caps`` (where a selected
-    GPU has MIG on, else None), ``gpu_files`` (how many ``nvidia<N>`` files), ``nvml_count`` and ``uvm_major``.
-
-    ``gpus`` is ``(index, minor, mig_on)`` of each selected GPU.
-    """
-    join = os.path.join
-    try:
-        files = sum(1 for name in os.listdir(device_dir) if re.match(r"^nvidia\d+$", name))
-    except OSError:
-        files = 0
-    out: dict[str, t.Any] = {
-        "dir": device_dir,
-        "gpus": {
-            index: node(join(device_dir, f"nvidia{minor}")) if minor is not None else {"path": None, "ok": True, "why": None} for index, minor, _mig in gpus
-        },
-        "ctl": node(join(device_dir, "nvidiactl")),
-        "uvm": node(join(device_dir, "nvidia-uvm")),
-        "uvm_tools": node(join(device_dir, "nvidia-uvm-tools")),
-        "caps": node(join(device_dir, "nvidia-caps")) if any(mig for _i, _m, mig in gpus) else None,
-        "gpu_files": files,
-        "nvml_count": nvml_count,
-        "uvm_major": uvm_major(),
-    }
-    return out
+#: The device files, looked at where the next start runs (:mod:`._cuda_program`, whose text also runs in a container).
+node = _cuda_program.node
+uvm_major = _cuda_program.uvm_major
+device_nodes = _cuda_program.device_nodes
 
 
 def _env_file(path: str, sep: bytes) -> dict[str, str] | None:
@@ -162,6 +107,10 @@ def findings(
     def add(name: str, verdict: str, text: str, gpu: int | None = None) -> None:
         out.append({"name": name, "verdict": verdict, "gpu": gpu, "text": text})
 
+    if devices.get("unchecked"):
+        # Container scope, and the program that looks at the container's files could not run there.
+        add(DEVICES_UNCHECKED, _health.OK, f"the device files were not checked: {devices['unchecked']}")
+        devices = {**devices, "ctl": OK_NODE, "uvm": OK_NODE, "uvm_tools": OK_NODE, "caps": None, "gpu_files": 0, "nvml_count": 0}
     for index, n in sorted(devices["gpus"].items()):
         if not n["ok"]:
             add(_reasons.DEVICE_MISSING, _health.RESET_GPU, f"{n['why']}: CUDA cannot use GPU {index} here; pass its device file into the container", index)
@@ -184,11 +133,9 @@ def findings(
             f"{devices['caps']['why']}: MIG is on and CUDA needs the MIG capability devices to use its instances; pass /dev/nvidia-caps through",
         )
     if devices["nvml_count"] and devices["gpu_files"] != devices["nvml_count"]:
-        add(
-            DEVICE_COUNT,
-            _health.OK,
-            f"NVML lists {devices['nvml_count']} GPU(s) and {devices['dir']} holds {devices['gpu_files']} GPU device file(s) (DCGM's device count check)",
-        )
+        count = devices["nvml_count"]
+        listed = f"{count} GPU(s) are selected for container {devices['container']}" if devices.get("container") else f"NVML lists {count} GPU(s)"
+        add(DEVICE_COUNT, _health.OK, f"{listed} and {devices['dir']} holds {devices['gpu_files']} GPU device file(s) (DCGM's device count check)")
     for index, on in sorted(persistence.items()):
         if on is False:
             add(

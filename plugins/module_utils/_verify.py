@@ -505,6 +505,17 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     _checks.number("cuda_probe_timeout", params.get("cuda_probe_timeout", 10), 0.1, 3600, unit="seconds")
     _checks.number("expected_count", params["expected_count"], 0, 1024)
     _checks.existing_dir("device_dir", params["device_dir"])
+    containers = params.get("containers") or []
+    for vmid in containers:
+        _checks.vmid("containers", vmid)
+    if len(containers) > 1:
+        raise CleanSlateError(
+            f"containers: the GPUs are proven startable inside one container at a time, got {len(containers)} ({', '.join(map(str, containers))}):"
+            " verify each container in a run of its own.",
+            reason=_reasons.BAD_ARGUMENTS,
+            option="containers",
+        )
+    _checks.executable("pct_path", params.get("pct_path"))
     return _nvml.parse_gpu_selectors(params["gpus"])
 
 
@@ -605,6 +616,13 @@ def judge_health(
     return verdict
 
 
+#: Container scope: ``(vmid, request, timeout) -> answer``, the startability program (``_cuda_program.main``) run inside
+#: the container under a deadline of its own; the answer is ``ok`` with ``devices``, ``raw``, ``left_behind`` and
+#: ``python``, or not ``ok`` with ``why`` (a sentence); either way ``ended`` and ``left``, the host pids of the run found
+#: still there once pct returned, SIGKILLed, and those that did not go. The modules hand it in (``_inside.runner``): this
+#: file does not sit on pct.
+InContainer = t.Callable[[int, t.Dict[str, t.Any], float], t.Dict[str, t.Any]]
+
 # How long the verification waits, after the CUDA probes, for NVML to read their processes and memory gone (on the
 # H200 it read the GPU idle as soon as a probe had released its context; a killed one is torn down in ~0.2 s).
 CUDA_SETTLE_S = 2.0
@@ -621,22 +639,9 @@ def gpu_modes(prober: _probe.Prober, gpus: list[Gpu]) -> dict[int, dict[str, t.A
     return {g.index: a.value for g, a in zip(readable, prober.each(_cuda.modes, readable)) if a.error is None}
 
 
-def startability(
-    prober: _probe.Prober,
-    outcome: Outcome,
-    selected: list[Gpu],
-    modes: dict[int, dict[str, t.Any]],
-    devices: dict[str, t.Any],
-    criteria: Criteria,
-    params: t.Mapping[str, t.Any],
-    check_mode: bool,
-) -> dict[str, t.Any]:
-    """Start CUDA on every selected GPU NVML reads clean (a context only on a busy one in exclusive_process or
-    prohibited mode), all at once, each in a helper of its own (``_cuda.probe``); then read NVML until the helpers'
-    processes and memory are gone. Each GPU's report gets ``startable``; a clean GPU whose start failed becomes not
-    clean, diagnosed with the start's reason. Returns the run's summary (``cuda_probe`` in the result)."""
-    began = time.monotonic()
-    fraction, timeout = params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"]
+def probe_targets(outcome: Outcome, selected: list[Gpu], modes: dict[int, dict[str, t.Any]], check_mode: bool) -> list[_cuda.Target]:
+    """The GPUs to start CUDA on: every selected GPU NVML reads clean, and a context only on a busy one in
+    exclusive_process or prohibited mode; each of the others gets ``startable`` saying why it is not probed."""
     reports = {r["index"]: r for r in outcome.gpus}
     targets: list[_cuda.Target] = []
     for gpu in selected:
@@ -656,9 +661,105 @@ def startability(
             why = _IN_USE
         if why:
             report["startable"] = {"ok": None, "skipped": why}
-    raw, left_behind = _cuda.probe(targets, fraction, timeout) if targets else ({}, [])
+    return targets
+
+
+def startability(
+    prober: _probe.Prober,
+    outcome: Outcome,
+    selected: list[Gpu],
+    modes: dict[int, dict[str, t.Any]],
+    devices: dict[str, t.Any],
+    criteria: Criteria,
+    params: t.Mapping[str, t.Any],
+    check_mode: bool,
+) -> dict[str, t.Any]:
+    """Start CUDA on every selected GPU NVML reads clean (a context only on a busy one in exclusive_process or
+    prohibited mode), all at once, each in a helper forked from the module (``_cuda.probe``); then read NVML until the
+    helpers' processes and memory are gone. Each GPU's report gets ``startable``; a clean GPU whose start failed becomes
+    not clean, diagnosed with the start's reason. Returns the run's summary (``cuda_probe`` in the result)."""
+    began = time.monotonic()
+    targets = probe_targets(outcome, selected, modes, check_mode)
+    raw, left_behind = _cuda.probe(targets, params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"]) if targets else ({}, [])
+    return judge_starts(prober, outcome, selected, modes, devices, criteria, params, check_mode, targets, raw, left_behind, began)
+
+
+def startability_inside(
+    prober: _probe.Prober,
+    outcome: Outcome,
+    selected: list[Gpu],
+    modes: dict[int, dict[str, t.Any]],
+    wanted: list[tuple[int, int | None, bool]],
+    criteria: Criteria,
+    params: t.Mapping[str, t.Any],
+    check_mode: bool,
+    in_container: InContainer,
+) -> tuple[dict[str, t.Any], dict[str, t.Any] | None]:
+    """Container scope: the device files and (with ``cuda_probe``) the CUDA starts of :func:`startability`, made inside the
+    container where the next server starts, in one run of the startability program there (``in_container``); NVML is
+    read here before and after, and a GPU is settled when no process NVML did not list before the starts is on it.
+
+    Returns the container's device files (``_software.device_nodes``'s shape, with ``container``; with ``unchecked``, a
+    sentence, when the program gave no answer) and the summary (None without ``cuda_probe``). When the program cannot run
+    there (no python3, pct failed, its deadline), every GPU that was to be probed is ``cuda_unproven``, not clean.
+    """
+    began = time.monotonic()
+    vmid = params["containers"][0]
+    targets = probe_targets(outcome, selected, modes, check_mode) if params.get("cuda_probe") else []
+    probed = [g for g in selected if g.index in {x.gpu for x in targets}]
+    before = {index: {p.pid for p in procs} for index, procs in processes_by_gpu(prober, probed).items()}
+    request = {
+        "device_dir": params["device_dir"],
+        "gpus": wanted,
+        # In the container only its own GPUs' files are expected: the selected ones.
+        "nvml_count": len(selected),
+        "targets": [list(x) for x in targets],
+        "fraction": params["cuda_probe_memory_fraction"],
+        "timeout": params["cuda_probe_timeout"],
+    }
+    answer = in_container(vmid, request, params["cuda_probe_timeout"])
+    if answer.get("left"):
+        outcome.notes.append(
+            f"Process(es) {', '.join(map(str, answer['left']))} of the CUDA probe's run in container {vmid} (host pids) were still there after"
+            f" pct exec returned and did not die of SIGKILL within {_cuda.REAP_WAIT_S} s (stuck in the driver, state D); they end when the"
+            " driver lets them."
+        )
+    if answer["ok"]:
+        devices = {**answer["devices"], "container": vmid}
+        raw, left_behind = answer["raw"], answer["left_behind"]
+    else:
+        unproven = f"the CUDA start could not be made inside container {vmid}, where the next server starts: {answer['why']}."
+        devices = {"dir": params["device_dir"], "container": vmid, "unchecked": unproven, "gpus": {}}
+        raw, left_behind = {x.gpu: {"ok": False, "unproven": unproven, "steps": {}} for x in targets}, []
+    if not params.get("cuda_probe"):
+        return devices, None
+    summary = judge_starts(prober, outcome, selected, modes, devices, criteria, params, check_mode, targets, raw, left_behind, began, before)
+    summary["container"] = {k: answer.get(k) for k in ("vmid", "ok", "python", "elapsed_s", "rc", "ended", "left")}
+    if not answer["ok"]:
+        summary["container"]["why"] = answer["why"]
+    return devices, summary
+
+
+def judge_starts(
+    prober: _probe.Prober,
+    outcome: Outcome,
+    selected: list[Gpu],
+    modes: dict[int, dict[str, t.Any]],
+    devices: dict[str, t.Any],
+    criteria: Criteria,
+    params: t.Mapping[str, t.Any],
+    check_mode: bool,
+    targets: list[_cuda.Target],
+    raw: dict[int, dict[str, t.Any]],
+    left_behind: list[int],
+    began: float,
+    before: dict[int, set[int]] | None = None,
+) -> dict[str, t.Any]:
+    """Wait for NVML to read the starts gone (:func:`settle`), then judge each (``_cuda.judge``) into its GPU's report."""
+    fraction, timeout = params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"]
+    reports = {r["index"]: r for r in outcome.gpus}
     probed_at = time.monotonic()
-    back = settle(prober, [g for g in selected if g.index in raw], raw, {i: reports[i]["clean"] for i in raw}, criteria)
+    back = settle(prober, [g for g in selected if g.index in raw], raw, {i: reports[i]["clean"] for i in raw}, criteria, before)
     for target in targets:
         report = reports[target.gpu]
         used, total, reserved = report.get("used_mib"), report.get("total_mib"), report.get("reserved_mib") or 0
@@ -678,9 +779,10 @@ def startability(
         if report["clean"] and not record["ok"]:
             report.update(clean=False, diagnosis=record["reason"], detail=record["detail"])
     if left_behind:
+        where = f" in container {params['containers'][0]}" if before is not None else ""
         outcome.notes.append(
-            f"CUDA probe helper process(es) {', '.join(map(str, left_behind))} did not die of SIGKILL within {_cuda.REAP_WAIT_S} s (stuck in the"
-            " driver, state D); they end when the driver lets them."
+            f"CUDA probe helper process(es) {', '.join(map(str, left_behind))}{where} did not die of SIGKILL within {_cuda.REAP_WAIT_S} s (stuck in"
+            " the driver, state D); they end when the driver lets them."
         )
     if check_mode:
         outcome.notes.append("Check mode: no CUDA start was made (it takes a context and memory on the GPU for a moment).")
@@ -695,9 +797,20 @@ def startability(
     }
 
 
-def settle(prober: _probe.Prober, gpus: list[Gpu], raw: dict[int, dict[str, t.Any]], was_clean: dict[int, bool], criteria: Criteria) -> dict[int, float | None]:
+def settle(
+    prober: _probe.Prober,
+    gpus: list[Gpu],
+    raw: dict[int, dict[str, t.Any]],
+    was_clean: dict[int, bool],
+    criteria: Criteria,
+    before: dict[int, set[int]] | None = None,
+) -> dict[int, float | None]:
     """Read NVML until no probed GPU lists its probe's helper and each one that was clean is clean again; the seconds
-    that took per GPU (None: still there after ``CUDA_SETTLE_S``)."""
+    that took per GPU (None: still there after ``CUDA_SETTLE_S``).
+
+    With ``before`` (the pids NVML listed on each GPU before the starts: container scope, where the helpers' pids are
+    the container's own), a GPU still lists its probe's helper while it lists any pid it did not list before.
+    """
     began = time.monotonic()
     # The NVML session's own end was the verification's: the probes came after it.
     prober.end = max(prober.end or 0.0, began + CUDA_SETTLE_S + prober.probe_timeout + NVML_GRACE_S)
@@ -706,7 +819,8 @@ def settle(prober: _probe.Prober, gpus: list[Gpu], raw: dict[int, dict[str, t.An
     while todo:
         for reading in read_all(prober, todo):
             index = reading.gpu.index
-            listed = raw[index]["pid"] in {p.pid for p in reading.processes}
+            pids = {p.pid for p in reading.processes}
+            listed = bool(pids - before.get(index, set())) if before is not None else raw[index]["pid"] in pids
             if reading.error is None and not listed and (not was_clean[index] or quick_judge(reading, criteria)[0]):
                 out[index] = round(time.monotonic() - began, 4)
         todo = [g for g in todo if out[g.index] is None]
@@ -733,8 +847,11 @@ def software_checks(prober: _probe.Prober, outcome: Outcome, selected: list[Gpu]
     }
 
 
-def run(module: t.Any) -> dict[str, t.Any]:
+def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.Any]:
     """The gpu_mem_verify module: read the GPUs until they are clean or the timeout passes, then judge.
+
+    With ``containers`` (container scope, a container cleaned from its node), the device files are looked at and the
+    CUDA start is made inside that container through ``in_container`` (:func:`startability_inside`); NVML is read here.
 
     Raises :class:`CleanSlateError` carrying the whole result when a GPU is not clean (or too few are
     healthy) and ``fail_on_dirty`` is set.
@@ -766,9 +883,15 @@ def run(module: t.Any) -> dict[str, t.Any]:
         cuda_probe = software = None
         if p.get("cuda_probe") or p.get("health"):
             modes = gpu_modes(prober, selected)
-            devices = _software.device_nodes(p["device_dir"], [(g.index, g.minor, bool(modes.get(g.index, {}).get("mig"))) for g in selected], len(every))
-            if p.get("cuda_probe"):
-                cuda_probe = startability(prober, outcome, selected, modes, devices, criteria, p, module.check_mode)
+            wanted = [(g.index, g.minor, bool(modes.get(g.index, {}).get("mig"))) for g in selected]
+            if p.get("containers"):
+                if in_container is None:
+                    raise CleanSlateError("containers: this entry point has no way into a container.", reason=_reasons.INTERNAL_ERROR)
+                devices, cuda_probe = startability_inside(prober, outcome, selected, modes, wanted, criteria, p, module.check_mode, in_container)
+            else:
+                devices = _software.device_nodes(p["device_dir"], wanted, len(every))
+                if p.get("cuda_probe"):
+                    cuda_probe = startability(prober, outcome, selected, modes, devices, criteria, p, module.check_mode)
             if p.get("health"):
                 software = software_checks(prober, outcome, selected, devices)
         try:

@@ -145,6 +145,9 @@ options:
     description:
       - On a Proxmox VE hypervisor, the LXC containers (by vmid) whose processes the kill may end and whose residue is
         looked at; see the same option of M(gpuops.clean_slate.gpu_procs_kill) and M(gpuops.clean_slate.gpu_job_residue).
+      - The verify phase makes its CUDA start and its device-file checks inside the container (the same option of
+        M(gpuops.clean_slate.gpu_mem_verify)), so with O(verify) selected it takes one container; more are refused with
+        RV(reason=bad_arguments) before anything runs.
     type: list
     elements: int
     default: []

@@ -29,15 +29,21 @@ description:
     O(cuda_probe_timeout); NVML is then read until the helpers and their memory are gone. A GPU whose start failed is not
     clean, diagnosed V(uvm_missing), V(device_missing), V(no_libcuda), V(cuda_busy), V(cuda_oom), V(ecc_uncorrectable),
     V(fabric_not_ready), V(cuda_hung), V(cuda_error) or V(cuda_residue), with the CUDA error code in RV(gpus[].startable).
+  - With O(containers) (a container cleaned from its Proxmox VE node), the CUDA start and the device-file checks are made
+    inside that container, where the next server starts, through C(pct exec) and the container's own C(python3), and
+    NVML is read on the node before and after; a GPU whose start could not be made there is V(cuda_unproven).
   - Changes nothing on the target. The CUDA probe takes a context and memory on each GPU for well under a second and
     gives them back before the module returns.
   - The P(gpuops.clean_slate.clean_slate#role) role runs it after M(gpuops.clean_slate.gpu_procs_kill).
 extends_documentation_fragment:
   - gpuops.clean_slate._attributes
+  - gpuops.clean_slate._containers
 attributes:
   check_mode:
     support: full
-    details: The module only reads; check mode runs it normally but makes no CUDA start (RV(gpus[].startable) says so).
+    details: >-
+      The module only reads; check mode runs it normally but makes no CUDA start (RV(gpus[].startable) says so). With
+      O(containers) it still looks at the container's device files there (a read-only program).
   diff_mode:
     support: none
   idempotent:
@@ -162,6 +168,26 @@ options:
       - Without persistence mode the first start on an idle GPU re-initialises it (seconds); raise it there.
     type: float
     default: 10
+  containers:
+    description:
+      - On a Proxmox VE node, the LXC container (one vmid) whose GPUs are verified from the node, as the
+        P(gpuops.clean_slate.clean_slate#role) role's hypervisor mode does - NVML is read on the node, and the CUDA start
+        (O(cuda_probe)) and the device-file checks (O(health)) are made inside the container, where the next server starts.
+        A container without C(/dev/nvidia-uvm), without a GPU's device file or whose device cgroup refuses one reads clean
+        through NVML on the node while every CUDA start inside it fails; this finds it (V(uvm_missing), V(device_missing)).
+      - The container is entered with C(pct exec <vmid> --keep-env 0), and the probe, a program of the standard library
+        only, runs with the container's own C(python3) (3.6 or later; nothing is installed or copied). The whole run has
+        O(cuda_probe_timeout) plus 15 s (pct's start, the container's Python); past that its process group is killed and
+        the probe's helpers in the container end with it. Before the verdict the node verifies that nothing of the run is
+        left (a process still carrying the run's random token on its command line is SIGKILLed through a pidfd).
+      - When the start cannot be made in the container (no C(python3) there, pct fails or times out) every GPU that was to be
+        probed is V(cuda_unproven), not clean, and its RV(gpus[].detail) says why and what to do; without O(cuda_probe) the
+        device files that could not be checked are the V(devices_unchecked) finding of RV(software), which does not fail.
+      - Give the container's GPUs in O(gpus); a GPU not passed into it is V(device_missing) there. More than one container
+        is refused with RV(reason=bad_arguments).
+    type: list
+    elements: int
+    default: []
 requirements:
   - nvidia-ml-py (C(pynvml)) on the target
   - the NVIDIA driver (C(libnvidia-ml.so.1))
@@ -210,6 +236,11 @@ EXAMPLES = r"""
   gpuops.clean_slate.gpu_mem_verify:
     cuda_probe_memory_fraction: 0.95
     cuda_probe_timeout: 30
+
+- name: On the Proxmox VE node, verify container 129's GPUs, with the CUDA start made inside the container
+  gpuops.clean_slate.gpu_mem_verify:
+    containers: [129]
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
 
 - name: Look for holders of a non-standard device directory
   gpuops.clean_slate.gpu_mem_verify:
@@ -362,7 +393,8 @@ gpus:
           O(probe_timeout); RV(gpus[].detail) names the call; reboot the node or follow its documented recovery).
         - With O(cuda_probe), a GPU NVML read clean whose CUDA start failed is V(uvm_missing), V(device_missing), V(no_libcuda),
           V(cuda_busy), V(cuda_oom), V(ecc_uncorrectable), V(fabric_not_ready), V(cuda_hung), V(cuda_error) or V(cuda_residue)
-          (RV(gpus[].startable) has the code; the user guide says what to do about each).
+          (RV(gpus[].startable) has the code; the user guide says what to do about each); with O(containers), V(cuda_unproven)
+          when the start could not be made in the container.
       type: str
       sample: clean
     detail:
@@ -404,13 +436,18 @@ cuda_probe:
     - What the CUDA probe did (null with O(cuda_probe=false)) - C(probed) (GPUs started on), C(started) (those that worked),
       C(memory_fraction), C(elapsed_s) (all of it), C(probes_s) (the starts, in parallel), C(gone_after_s) (how long NVML took
       to read the last helper gone) and C(left_behind) (helpers that did not die of SIGKILL, stuck in the driver).
+    - With O(containers), C(container) - C(vmid), C(ok) (whether the program answered from the container), C(python) (the
+      container's), C(elapsed_s) (the whole C(pct exec)), C(rc), C(ended) (host pids of the run - the program, its helpers,
+      pct - still there after C(pct exec) returned, SIGKILLed before the verdict; normally empty), C(left) (those that did not
+      die, stuck in the driver) and, when it did not answer, C(why).
   returned: always
   type: dict
   sample: {"probed": 8, "started": 8, "memory_fraction": 0.9, "elapsed_s": 0.61, "probes_s": 0.58, "gone_after_s": 0.003, "left_behind": []}
 software:
   description:
     - DCGM level 1's software checks (null with O(health=false)) - C(devices) (each selected GPU's device file, C(ctl), C(uvm),
-      C(uvm_tools), C(caps) where MIG is on, each with C(path), C(ok) and C(why); C(gpu_files) against C(nvml_count); C(uvm_major)),
+      C(uvm_tools), C(caps) where MIG is on, each with C(path), C(ok) and C(why); C(gpu_files) against C(nvml_count); C(uvm_major);
+      with O(containers) the container's, with C(container), and C(unchecked) when they could not be looked at),
       C(environment) (C(found) variables DCGM flags with C(name), C(where), C(value); C(read), C(unreadable) and C(not_visible), what
       the module cannot see), C(inforom) (C(index), C(valid)) and C(findings) (C(name), C(verdict), C(gpu), C(text)), which the
       host's health verdict counts.
@@ -441,16 +478,16 @@ health:
     elapsed_s: 0.0012
 """
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _nvml, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _inside, _module, _nvml, _pct, _verify
 
 
 def main() -> None:
     module = _module.Module(
-        argument_spec=_verify.argument_spec(),
+        argument_spec={**_verify.argument_spec(), **_pct.SCOPE_OPTIONS},
         supports_check_mode=True,
     ).ready()
     nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
-    _module.finish(module, _verify.run, "gpu_mem_verify", libraries=[nvml], details=_verify.failure_details)
+    _module.finish(module, lambda m: _verify.run(m, _inside.runner(m)), "gpu_mem_verify", libraries=[nvml], details=_verify.failure_details)
 
 
 if __name__ == "__main__":

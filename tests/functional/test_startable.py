@@ -6,6 +6,7 @@ less allocatable than NVML reads free, a wedged GPU, no libcuda), named, and the
 from __future__ import annotations
 
 import datetime
+import json
 import os
 
 from support.modules import ModuleRunner, assert_no_traceback
@@ -23,7 +24,7 @@ def seconds(result: dict) -> float:
     return (datetime.datetime.fromisoformat(result["end"]) - datetime.datetime.fromisoformat(result["start"])).total_seconds()
 
 
-def test_an_idle_node_is_proven_startable_and_the_probe_leaves_nothing(mod, node) -> None:
+def test_an_idle_node_is_proven_startable_and_the_probe_leaves_nothing(mod, node, sandbox) -> None:
     r = verify(mod)
     assert r["_status"] == "ok", r
     for g in r["gpus"]:
@@ -37,8 +38,8 @@ def test_an_idle_node_is_proven_startable_and_the_probe_leaves_nothing(mod, node
     assert (r["cuda_probe"]["probed"], r["cuda_probe"]["started"], r["cuda_probe"]["left_behind"]) == (8, 8, [])
     # Nothing of the probe is left: no context, no memory, and its helpers are gone.
     assert node.contexts() == [] and all(node.memory(i)["used_mib"] == 0 for i in range(8))
-    pids = {g["startable"]["pid"] for g in r["gpus"]}
-    assert len(pids) == 8 and not any(os.path.exists(f"/proc/{p}") for p in pids)
+    # The module ran in the sandbox's PID namespace, which numbers the helpers: nothing is left there but its init.
+    assert len({g["startable"]["pid"] for g in r["gpus"]}) == 8 and left_inside(sandbox) == []
     # The software checks: every device file is here and opens, the count matches, nothing to report.
     sw = r["software"]
     assert sw["devices"]["uvm"]["ok"] and sw["devices"]["uvm_tools"]["ok"] and sw["devices"]["gpu_files"] == 8
@@ -51,7 +52,7 @@ def test_an_idle_node_is_proven_startable_and_the_probe_leaves_nothing(mod, node
 
 
 def test_a_container_without_nvidia_uvm_is_red_while_nvml_reads_clean(node) -> None:
-    sb = node.sandbox(vmid=129)
+    sb = node.sandbox(vmid=105)  # a vmid of its own: a sandbox's cgroup (lxc/<vmid>) is shared by the test workers
     try:
         sb.pass_devices(omit=["nvidia-uvm", "nvidia-uvm-tools"])  # the LXC passthrough written for major 195 only
         r = verify(ModuleRunner(node, sb))
@@ -143,10 +144,116 @@ def test_no_libcuda_and_the_software_findings(node) -> None:
 
 
 def test_bad_probe_options_are_refused_before_anything_runs(mod, node, sandbox) -> None:
-    for option, value in (("cuda_probe_memory_fraction", 1.5), ("cuda_probe_memory_fraction", "nan"), ("cuda_probe_timeout", 0)):
+    for option, value, says in (
+        ("cuda_probe_memory_fraction", 1.5, "cuda_probe_memory_fraction"),
+        ("cuda_probe_memory_fraction", "nan", "cuda_probe_memory_fraction"),
+        ("cuda_probe_timeout", 0, "cuda_probe_timeout"),
+        ("containers", [103, 104], "one container at a time"),
+        ("containers", [42], "42 is not a valid Proxmox vmid"),
+    ):
         r = verify(mod, **{option: value})
         assert (r["_status"], r["reason"], r["option"]) == ("failed", "bad_arguments", option), r
+        assert says in r["msg"], r
     job = sandbox.spawn_worker(gpus=[0], mib=1000)
     r = mod("clean_slate_node", {"verify": {"cuda_probe_memory_fraction": -0.1}, "kill": {"gpus": [0]}})
     assert (r["_status"], r["reason"], r["phase"]) == ("failed", "bad_arguments", "preflight"), r
     assert "cuda_probe_memory_fraction" in r["msg"] and job.alive()  # refused before anything was signalled
+
+
+# ---------------------------------------------------------------------- a container cleaned from its node (container scope)
+def registry_of(tmp_path) -> dict[str, str]:
+    """The fake pct's registry (node pve1; pct answers at once here, the lab's takes its second) and the environment naming it."""
+    registry = tmp_path / "pct"
+    registry.mkdir()
+    (registry / "node").write_text("pve1")
+    (registry / "latency_ms").write_text("0")
+    return {"PCTSIM_DIR": str(registry)}
+
+
+def left_inside(sb) -> list[str]:
+    """The command lines of the processes in the container's PID namespace but its init."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}/ns/pid").st_ino == sb.ns_inode and int(pid) != sb.init_pid:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    out.append(fh.read().replace(b"\0", b" ").decode(errors="replace")[:80])
+        except OSError:
+            continue
+    return out
+
+
+def test_a_container_without_nvidia_uvm_is_red_from_its_node_where_nvml_and_the_node_read_clean(node, tmp_path) -> None:
+    """ct103 of the lab, simulated: an unprivileged container with GPU 2 and nvidiactl passed through, not nvidia-uvm.
+    Cleaned from its node (what the role runs in hypervisor mode), the CUDA start and the device files are the
+    container's: red, uvm_missing, while NVML reads the GPU clean and the node itself is startable."""
+    env = registry_of(tmp_path)
+    ct = node.sandbox(vmid=103, unprivileged=True)
+    try:
+        ct.register_pct(env["PCTSIM_DIR"])
+        ct.pass_devices(omit=[n for n in (str(p.relative_to(node.dev_dir)) for p in node.device_files()) if n not in ("nvidia2", "nvidiactl")])
+        run = ModuleRunner(node, None)  # on the node
+        verify_args = {"gpus": [2], "timeout": 0, "kernel_log": str(node.kernel_log), "device_dir": str(node.dev_dir)}
+        r = run("clean_slate_node", {"containers": [103], "phases": ["verify"], "verify": verify_args}, env=env)
+        assert (r["_status"], r["reason"], r["phase"]) == ("failed", "not_clean", "verify"), r
+        [g] = r["verify"]["gpus"]
+        assert g["used_mib"] == 0 and g["processes"] == []  # NVML reads it clean
+        assert (g["clean"], g["diagnosis"]) == (False, "uvm_missing")
+        s = g["startable"]
+        assert (s["ok"], s["reason"], s["code"], s["step"]) == (False, "uvm_missing", 999, "cuInit"), s
+        assert "nvidia-uvm is absent" in g["detail"] and "pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools through" in g["detail"]
+        probe = r["verify"]["cuda_probe"]
+        assert probe["container"]["vmid"] == 103 and probe["container"]["ok"] is True and probe["container"]["python"], probe
+        # The device files are the container's: GPU 2's and nvidiactl are there, nvidia-uvm is not.
+        sw = r["verify"]["software"]
+        assert sw["devices"]["container"] == 103 and sw["devices"]["gpus"][0]["ok"] and sw["devices"]["ctl"]["ok"] and not sw["devices"]["uvm"]["ok"]
+        assert [f["name"] for f in sw["findings"]] == ["uvm_missing", "uvm_tools_missing"]  # one GPU file for one GPU: no count finding
+        assert "uvm_missing" in r["msg"] and "nvidia-uvm" in r["msg"]
+        assert_no_traceback(r)
+        # The node's own /dev has nvidia-uvm (its GPUs start CUDA: test_an_idle_node_...): the red is the container's.
+        assert (node.dev_dir / "nvidia-uvm").exists()
+        assert node.contexts() == [] and left_inside(ct) == []
+    finally:
+        ct.stop()
+
+
+def test_a_container_with_every_device_is_proven_startable_inside_a_hang_there_returns_on_time_and_without_python3_is_unproven(node, tmp_path) -> None:
+    env = registry_of(tmp_path)
+    ct = node.sandbox(vmid=102)
+    try:
+        ct.register_pct(env["PCTSIM_DIR"])
+        ct.pass_devices(omit=[f"nvidia{i}" for i in (0, 1, 2, 3, 4, 5)])  # GPUs 6 and 7, as ct102
+        run = ModuleRunner(node, None)
+        r = run("gpu_mem_verify", {"containers": [102], "gpus": [6, 7], "timeout": 0, "kernel_log": str(node.kernel_log)}, env=env)
+        assert r["_status"] == "ok", r
+        for g in r["gpus"]:
+            s = g["startable"]
+            assert s["ok"] is True and s["allocated_mib"] == int(H200_CUDA_TOTAL_MIB * 0.9 * (1 << 20)) >> 20 and s["gone_after_s"] is not None, s
+        assert r["cuda_probe"]["container"]["vmid"] == 102 and (r["cuda_probe"]["probed"], r["cuda_probe"]["started"]) == (2, 2)
+        assert r["software"]["findings"] == [] and r["software"]["devices"]["gpu_files"] == 2
+        # It ran in there: pct exec 102 with the container's own python3, nothing of it left, on the GPUs or in the container.
+        calls = [json.loads(line)["argv"] for line in (tmp_path / "pct" / "calls.jsonl").read_text().splitlines()]
+        assert [c[:4] for c in calls] == [["exec", "102", "--keep-env", "0"]] and "gpuops-cuda-probe" in calls[0]
+        assert node.contexts() == [] and left_inside(ct) == []
+        assert (r["cuda_probe"]["container"]["ended"], r["cuda_probe"]["container"]["left"]) == ([], []), r["cuda_probe"]  # nothing outlived pct
+        # A GPU wedged in the driver: its start hangs inside the container, is killed there at its deadline, and the run returns.
+        node.set_fault(hang={"functions": ["cuDevicePrimaryCtxRetain"], "gpus": [7]})
+        r = run("gpu_mem_verify", {"containers": [102], "gpus": [6, 7], "timeout": 0, "kernel_log": str(node.kernel_log), "cuda_probe_timeout": 2}, env=env)
+        assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+        assert [(g["diagnosis"], g["startable"]["step"]) for g in r["gpus"]] == [("clean", None), ("cuda_hung", "cuDevicePrimaryCtxRetain")]
+        assert "within 2 s" in r["gpus"][1]["detail"] and seconds(r) <= 2 + 2 + 6, seconds(r)
+        assert node.contexts() == [] and left_inside(ct) == []
+        # An image without python3 (in the container's mount namespace its interpreter is no program): no start can be
+        # made there, so its GPUs are not proven, red with what to do, though nothing is known against the GPUs.
+        done = ct.run(["mount", "--bind", "/dev/null", os.path.realpath("/usr/bin/python3")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        r = run("gpu_mem_verify", {"containers": [102], "gpus": [6, 7], "timeout": 0, "kernel_log": str(node.kernel_log)}, env=env)
+        assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+        for g in r["gpus"]:
+            assert g["used_mib"] == 0 and (g["clean"], g["diagnosis"], g["startable"]["reason"]) == (False, "cuda_unproven", "cuda_unproven")
+            assert "container 102 has no python3" in g["detail"] and "apt-get install python3-minimal" in g["detail"]
+            assert g["health"]["verdict"] == "ok"
+        assert [f["name"] for f in r["software"]["findings"]] == ["devices_unchecked"]
+        assert r["cuda_probe"]["container"]["ok"] is False and "no python3" in r["cuda_probe"]["container"]["why"]
+    finally:
+        ct.stop()

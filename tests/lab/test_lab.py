@@ -76,6 +76,16 @@ def assert_untouched(lab: Lab, name: str, before: dict[int, int]) -> None:
     assert lab.used_mib(host) == before, name
 
 
+def assert_proven_inside(lab: Lab, run: AnsibleRun, name: str) -> None:
+    """A container cleaned from its node: its GPUs were proven startable inside it (the CUDA start made there, through
+    pct exec and the container's python3), and NVML on the node read each probe gone."""
+    host = lab[name]
+    probe = run.phase("verify", host=name)["cuda_probe"]
+    assert (probe["container"]["vmid"], probe["container"]["ok"], probe["container"]["left"]) == (host.vmid, True, []), probe
+    assert probe["probed"] == probe["started"] == len(host.gpus) and probe["gone_after_s"] is not None, probe
+    assert any(c[:7] == ["exec", str(host.vmid), "--keep-env", "0", "--", "/bin/sh", "-c"] for c in lab.pct_calls(host.node)), name
+
+
 def reading(run: AnsibleRun, name: str) -> dict[str, t.Any]:
     """The preflight reading the kill went on: the one after the dependencies were installed, if any."""
     return run.phase("before", host=name)
@@ -276,6 +286,7 @@ def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
         assert result_of(run, name)["mode"] == ("hypervisor" if host.reach == "hypervisor" else "local")
         if host.reach == "hypervisor":
             assert {tg["container"] for tg in kill["targets"]} == {host.vmid}
+            assert_proven_inside(lab, run, name)
         # The stubborn vLLM worker needed SIGKILL; the others went on SIGTERM.
         stubborn = {p.pid_at(viewer(host).depth) for p in host.workload if p.ignores_term}
         assert {tg["pid"] for tg in kill["targets"] if "KILL" in tg["signals_sent"]} == stubborn
@@ -293,18 +304,40 @@ def test_every_host_ends_clean_and_daemons_survive(fresh: Lab) -> None:
     assert not any("101" in call for call in pve1_calls), "ct101 has its own sshd: pct is not needed for it"
 
 
-def test_container_scope_spares_the_other_container_and_the_node(fresh: Lab) -> None:
+def assert_red_without_uvm(run: AnsibleRun, name: str, mode: str) -> None:
+    """ct103 (GPU 2 and nvidiactl, no nvidia-uvm): NVML reads its GPU clean, yet it is red, uvm_missing, found where its
+    next server would start; its summary line says why and what to do."""
+    res = result_of(run, name)
+    assert (res["clean"], res["phase"], res["reason"], res["mode"]) == (False, "verify", "uvm_missing", mode), res
+    [g] = run.phase("verify", host=name)["gpus"]
+    assert (g["index"], g["used_mib"], g["processes"]) == (2, 0, [])  # NVML: clean
+    assert (g["startable"]["reason"], g["startable"]["code"], g["startable"]["step"]) == ("uvm_missing", 999, "cuInit"), g["startable"]
+    summary = run.summary(name)
+    assert "FAILED in verify (uvm_missing)" in summary and "/dev/nvidia-uvm is absent" in summary, summary
+    assert "pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools through" in summary, summary
+
+
+def test_container_scope_spares_the_other_container_and_the_node_and_proves_startable_inside(fresh: Lab) -> None:
+    """--limit ct102,ct103, both cleaned from pve1 through pct in their own scope. ct102's workload ends and its GPUs
+    are proven startable inside it; ct103, without nvidia-uvm, reads clean through NVML on pve1 (whose own GPUs start
+    CUDA) but is red, uvm_missing: the CUDA start and the device files are the container's."""
     lab = fresh
-    ct102 = lab["ct102"]
+    ct102, ct103 = lab["ct102"], lab["ct103"]
     others = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS - {"ct102"}}
     want = expected_pids(ct102)
-    run = lab.playbook(limit="ct102")
-    assert run.rc == 0, run.output
-    assert set(stats(run)) == {"ct102"}
+    run = lab.playbook(limit="ct102,ct103")
+    assert run.rc == 2, run.output  # ct103 failed
+    assert set(stats(run)) == {"ct102", "ct103"}
+    assert (stats(run)["ct102"]["failures"], stats(run)["ct103"]["failures"]) == (0, 1), stats(run)
     assert_clean(lab, run, "ct102")
     kill = run.phase("kill", host="ct102")
     assert {tg["pid"] for tg in kill["targets"]} == want
     assert {tg["container"] for tg in kill["targets"]} == {102}
+    assert_proven_inside(lab, run, "ct102")
+    assert_red_without_uvm(run, "ct103", "hypervisor")
+    assert run.phase("verify", host="ct103")["cuda_probe"]["container"]["vmid"] == 103
+    assert [f["name"] for f in run.phase("verify", host="ct103")["software"]["findings"]] == ["uvm_missing", "uvm_tools_missing"]
+    assert lab.used_mib(ct103) == {2: 0}
     # pve1 itself and ct101, on the same node and the same driver, keep running.
     for name, before in others.items():
         assert_untouched(lab, name, before)
@@ -316,16 +349,18 @@ def test_a_container_through_proxmox_pct_remote_is_cleaned_in_its_own_scope(fres
     """With the inventory's pct_remote, ct201 (no address) gets community.proxmox's proxmox_pct_remote connection:
     SSH (paramiko) to pve2, then /usr/sbin/pct exec 201 for every command. auto mode then cleans it like a host
     of its own (local mode): the modules run inside the container and see only its processes, with the pids
-    of its own PID namespace; pve2, its daemons and the other container's neighbours keep running."""
+    of its own PID namespace; pve2, its daemons and the other container's neighbours keep running. ct103,
+    reached the same way through pve1, is red from inside as from its node: uvm_missing."""
     lab = fresh
     ct201, pve2 = lab["ct201"], lab["pve2"]
     untouched = {name: lab.used_mib(lab[name]) for name in GPU_HOSTS - {"ct201"}}
     daemons = all_daemons(lab)
     calls = len(lab.pct_calls(pve2))
     inside = {p.pid_at(2) for p in ct201.workload}  # as the container's own PID namespace numbers them
-    run = lab.playbook(inventory=lab.pct_remote_inventory(), limit="ct201")
-    assert run.rc == 0, run.output
-    assert set(stats(run)) == {"ct201"}
+    run = lab.playbook(inventory=lab.pct_remote_inventory(), limit="ct201,ct103")
+    assert run.rc == 2, run.output  # ct103 failed
+    assert_red_without_uvm(run, "ct103", "local")
+    assert set(stats(run)) == {"ct201", "ct103"} and stats(run)["ct201"]["failures"] == 0, stats(run)
     res = result_of(run, "ct201")
     assert res["mode"] == "local" and res["label"] == "ct201", res
     assert_clean(lab, run, "ct201")
@@ -666,6 +701,8 @@ def test_seeds_container_129_crashed_server_cleaned_from_the_hypervisor_and_insi
             res = result_of(run, "ct129")
             assert res["mode"] == ("local" if inside else "hypervisor"), res
             assert res["clean"] is True and res["clean_count"] == 8, res
+            if not inside:
+                assert_proven_inside(lab, run, "ct129")
             assert lab.used_mib(ct) == dict.fromkeys(ct.gpus, 0)
             assert not [m for m in srv.members if m.alive()]
             kill = run.phase("kill", host="ct129")

@@ -320,7 +320,8 @@ class Sandbox:
     def register_pct(self, registry_dir: str | os.PathLike[str], node_name: str = "pve1", status: str = "running") -> Path:
         """Write ``<registry_dir>/<vmid>.json`` for the fake ``pct`` (env PCTSIM_DIR):
         {"vmid", "status", "pid" (host pid of the init, null when stopped), "node", "hostname",
-        "unprivileged" (and its "config" says so)}. Sandbox.stop() rewrites it as stopped."""
+        "unprivileged" (and its "config" says so), "environment" (the node's driver as node.env() gives it now:
+        what `pct exec` sets for every command, as LXC sets lxc.environment)}. Sandbox.stop() rewrites it as stopped."""
         if self.vmid is None:
             raise ValueError("register_pct needs a sandbox created with a vmid")
         reg = Path(registry_dir)
@@ -338,6 +339,9 @@ class Sandbox:
         }
         if self.cgroup_path is not None:
             data["cgroup"] = str(self.cgroup_path)
+        # Its lxc.environment: the simulated driver's address and libraries, which `pct exec` gives every command
+        # (the lab writes the same into its LXC containers' configuration); not PATH, which is the container's.
+        data["environment"] = {k: v for k, v in self.node.env().items() if k != "PATH"}
         if self.unprivileged:
             data["unprivileged"] = 1
             data["config"] = {"unprivileged": 1}

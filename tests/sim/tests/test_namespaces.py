@@ -98,7 +98,9 @@ def test_vmid_sandbox_looks_like_a_proxmox_container(node, tmp_path) -> None:
             with open(f"/proc/{pid}/cgroup") as f:
                 assert "0::/lxc/129/ns\n" in f.read()
     entry = sb.register_pct(tmp_path / "pct", node_name="pve1")
-    expected = {"vmid": 129, "status": "running", "pid": sb.init_pid, "node": "pve1", "hostname": "ct129"}
+    # Its lxc.environment: the simulated driver's address and libraries, not the node's PATH.
+    driver = {"GPUSIM_STATE": str(node.state_dir), "LD_LIBRARY_PATH": node.env()["LD_LIBRARY_PATH"]}
+    expected = {"vmid": 129, "status": "running", "pid": sb.init_pid, "node": "pve1", "hostname": "ct129", "environment": driver}
     if sb.cgroup_path is not None:
         expected["cgroup"] = str(sb.cgroup_path)  # pct exec joins it, as lxc-attach does
     assert json.loads(entry.read_text()) == expected

@@ -199,6 +199,11 @@ def test_options_may_follow_the_vmid_before_the_double_dash(registry):
     proc = pct(registry, "exec", "129", "--keep-env=0", "--", "/usr/bin/env")
     assert proc.returncode == 0
     assert proc.stdout.splitlines() == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "container=lxc"]
+    # The container's own environment (its lxc.environment) is set either way, as lxc-attach sets it.
+    register(registry, 130, environment={"GPUSIM_STATE": "/run/gpusim"})
+    for keep in ("0", "1"):
+        env = dict(line.split("=", 1) for line in pct(registry, "exec", "130", f"--keep-env={keep}", "--", "/usr/bin/env").stdout.splitlines())
+        assert env["GPUSIM_STATE"] == "/run/gpusim" and env["container"] == "lxc", env
 
 
 def test_keep_env_default_passes_the_environment_with_pct_path(registry):

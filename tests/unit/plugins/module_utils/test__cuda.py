@@ -57,3 +57,12 @@ def test_the_helper_answers_without_cuda_in_this_process(monkeypatch) -> None:
         os.waitpid(raw[0]["pid"], os.WNOHANG)  # already reaped
     with open("/proc/self/maps", encoding="utf-8") as fh:
         assert "libcuda" not in fh.read()  # the module process never loads CUDA
+
+
+def test_a_start_that_could_not_be_made_is_unproven_and_says_nothing_of_the_gpus_health() -> None:
+    unproven = "the CUDA start could not be made inside container 103, where the next server starts: container 103 has no python3."
+    record = judged({"ok": False, "unproven": unproven})
+    assert (record["ok"], record["reason"]) == (False, "cuda_unproven") and record["detail"].startswith(unproven)
+    assert "not proven startable" in record["detail"] and _cuda.finding(record) is None
+    abandoned = judged({"ok": False, "abandoned": "cuInit"})
+    assert abandoned["reason"] == "cuda_error" and "went away" in abandoned["detail"] and abandoned["step"] == "cuInit"

@@ -54,3 +54,13 @@ def test_the_environment_dcgm_flags_is_found_where_it_can_be_seen() -> None:
         if f["gpu"] is None
     ]
     assert (f["name"], f["verdict"]) == ("cuda_env", "restart_app")
+
+
+def test_in_a_container_the_count_is_its_gpus_and_unchecked_files_are_said_not_failed(tmp_path) -> None:
+    (tmp_path / "nvidia2").write_bytes(b"")
+    devices = {**_software.device_nodes(str(tmp_path), [(2, 2, False), (3, 3, False)], 2), "container": 103}
+    found = {f["name"]: f for f in _software.findings(devices, {"found": []}, {}, {})}
+    assert found["device_count"]["text"].startswith(f"2 GPU(s) are selected for container 103 and {tmp_path} holds 1 GPU device file(s)")
+    unchecked = {"dir": "/dev", "container": 103, "gpus": {}, "unchecked": "the CUDA start could not be made inside container 103: no python3."}
+    [f] = _software.findings(unchecked, {"found": []}, {}, {})
+    assert (f["name"], f["verdict"]) == ("devices_unchecked", "ok") and "no python3" in f["text"]

@@ -280,6 +280,7 @@ def test_options_are_checked_before_the_gpus_are_touched(tmp_path) -> None:
         "gpus": [0, "/dev/nvidia3"],
     }
     assert _verify.validate(params) == [0, "/dev/nvidia3"]
+    assert _verify.validate({**params, "containers": [103], "pct_path": None}) == [0, "/dev/nvidia3"]
     bad = (
         ("interval", 0),
         ("timeout", float("inf")),
@@ -287,6 +288,9 @@ def test_options_are_checked_before_the_gpus_are_touched(tmp_path) -> None:
         ("probe_timeout", float("nan")),
         ("expected_count", 2000),
         ("device_dir", str(tmp_path / "no")),
+        ("containers", [103, 104]),
+        ("containers", [99]),
+        ("pct_path", str(tmp_path)),
     )
     for option, value in bad:
         with pytest.raises(CleanSlateError) as err:
