@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 import subprocess
@@ -124,41 +125,52 @@ def phases_run(run: AnsibleRun) -> list[str]:
     return [phase for r in run.node_runs() for key, phase in PHASE_KEYS if key in r["result"]]
 
 
-@pytest.mark.parametrize("selection", list(SELECTIONS))
-def test_the_task_after_the_role_never_runs_on_a_host_not_proven_clean(tmp_path: Path, selection: str) -> None:
-    args, phases, clean, reason, survives, starts = SELECTIONS[selection]
-    started = tmp_path / "started"
-    started.mkdir()
+def run_selection(work: Path, args: list[str]) -> tuple[AnsibleRun, list[int], Path]:
+    """The deploy play under one tag selection, on a node of its own whose GPU 1 a worker holds; the run, the GPUs'
+    memory in use as the simulated driver read it when the run ended, and the directory the start tasks write to."""
+    started = work / "started"
+    started.mkdir(parents=True)
     with Node(gpus=2, seed="include") as n:
         sb = n.sandbox()
         try:
             sb.spawn_worker(gpus=[1], mib=8000, title="sglang::scheduler_TP1")
             hv = {"clean_slate_device_dir": str(n.dev_dir), "clean_slate_grace_period": 1, "clean_slate_verify_timeout": 2}
-            inv = local_inventory(tmp_path / "hosts.yml", {"host-a": hv})
+            inv = local_inventory(work / "hosts.yml", {"host-a": hv})
             run = run_playbook(deploy_play(started), inventory=inv, env=n.env(), args=args, wrapper=sb.nsenter_prefix())
-            used = [n.memory(i)["used_mib"] for i in range(2)]
+            return run, [n.memory(i)["used_mib"] for i in range(2)], started
         finally:
             sb.stop()
-    assert phases_run(run) == phases, run.output
-    published = (run.stats.get("custom") or {}).get("_run", {}).get("clean_slate", {})
-    if clean is None:  # the role is not part of this run: nothing recorded, nothing failed
-        assert published == {} and run.rc == 0, run.output
-    else:
-        entry = published["host-a"]
-        assert entry["clean"] is clean and entry["reason"] == reason, entry
-        assert SAYS.get(selection, "") in entry["msg"], entry
-        # A host not proven clean fails (and Ansible runs no task after that on it), except in check mode, which
-        # changes nothing and never fails a host for busy GPUs.
-        failed = not clean and "--check" not in args
-        assert run.rc == (2 if failed else 0) and run.stats["stats"]["host-a"]["failures"] == int(failed), run.output
-    # The worker's 8000 MiB on GPU 1, as the simulated driver read them when the run ended.
-    assert (used[1] >= 8000) == survives, (used, run.output)
-    # The server started only where the GPUs were proven clean, and they are: the simulated driver reads them free.
-    assert (started / "host-a").exists() == starts, run.output
-    # The README's guard keeps a task that runs even under --check off a host not proven clean.
-    assert (started / "host-a.guarded").exists() == starts, run.output
-    if starts:
-        assert clean and used == [0, 0]
+
+
+def test_the_task_after_the_role_never_runs_on_a_host_not_proven_clean(tmp_path: Path) -> None:
+    """Every selection at once, each its own ansible-playbook on a node and in a PID namespace of its own: the runs
+    mostly wait (grace periods, the verification's deadline, Ansible's polling), so together they take about as long
+    as the slowest, not the sum."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        futures = {selection: pool.submit(run_selection, tmp_path / selection, want[0]) for selection, want in SELECTIONS.items()}
+    for selection, (args, phases, clean, reason, survives, starts) in SELECTIONS.items():
+        run, used, started = futures[selection].result()
+        where = f"{selection}: {run.output}"
+        assert phases_run(run) == phases, where
+        published = (run.stats.get("custom") or {}).get("_run", {}).get("clean_slate", {})
+        if clean is None:  # the role is not part of this run: nothing recorded, nothing failed
+            assert published == {} and run.rc == 0, where
+        else:
+            entry = published["host-a"]
+            assert entry["clean"] is clean and entry["reason"] == reason, (selection, entry)
+            assert SAYS.get(selection, "") in entry["msg"], (selection, entry)
+            # A host not proven clean fails (and Ansible runs no task after that on it), except in check mode, which
+            # changes nothing and never fails a host for busy GPUs.
+            failed = not clean and "--check" not in args
+            assert run.rc == (2 if failed else 0) and run.stats["stats"]["host-a"]["failures"] == int(failed), where
+        # The worker's 8000 MiB on GPU 1, as the simulated driver read them when the run ended.
+        assert (used[1] >= 8000) == survives, (selection, used, run.output)
+        # The server started only where the GPUs were proven clean, and they are: the simulated driver reads them free.
+        assert (started / "host-a").exists() == starts, where
+        # The README's guard keeps a task that runs even under --check off a host not proven clean.
+        assert (started / "host-a.guarded").exists() == starts, where
+        if starts:
+            assert clean and used == [0, 0], (selection, used)
 
 
 # ---------------------------------------------------------------------- unknown and wrong variables
