@@ -30,8 +30,9 @@ description:
     hex>.<n>)) is kept while that process lives and started no later than the file last changed (a newer process
     with the same pid is not its creator); the pid is looked up in the scope's own PID namespace. Any item that
     changed (mtime or ctime; for a directory anything in it) less than O(min_age) seconds ago is kept, since a
-    server starting right now has a segment between C(shm_open) and C(mmap) that nothing holds yet. Both are
-    reported in RV(kept) with why; check mode applies the same rules.
+    server starting right now has a segment between C(shm_open) and C(mmap) that nothing holds yet, unless its name
+    carries its creator's pid and that creator is known to be gone (the process between C(shm_open) and C(mmap)
+    would be that creator). Both are reported in RV(kept) with why; check mode applies the same rules.
   - Paths are walked one component at a time from directory file descriptors without following any symbolic link, so
     no pattern leaves its root; right before each unlink the item is checked again through its directory and must
     still be the file that was judged, with one name only (a file with another hard link is left alone, since a
@@ -138,8 +139,9 @@ options:
   min_age:
     description:
       - Seconds an unheld item must have gone unchanged (its mtime and ctime; for a directory, anything in it)
-        before it may be removed; a younger one is kept and listed in RV(kept). From 0 to 86400 (one day); a negative
-        or non-finite value is refused with RV(reason=bad_arguments).
+        before it may be removed; a younger one is kept and listed in RV(kept), unless its name carries its creator's
+        pid and that creator is known to be gone. From 0 to 86400 (one day); a negative or non-finite value is refused
+        with RV(reason=bad_arguments).
       - The default, a minute, is four orders of magnitude above the gap between a segment's creation and its first
         holder in a starting server (within a millisecond for every name a torch server tree made on an H200), and
         below the age of what a crashed server made when it started, so a run right after a crash removes it.

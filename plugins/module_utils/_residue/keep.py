@@ -17,7 +17,9 @@ a compile lock whose directory a process works in.
   it saw itself, so in a container scope it is looked up in the container's own ``/proc``.
 * A server starting beside the run has a segment between ``shm_open`` and ``mmap`` that nothing holds yet (SGLang's
   own sweep waits 10 minutes for that reason): a file that changed (mtime or ctime, for a directory anything in
-  it) less than ``min_age`` seconds ago is kept.
+  it) less than ``min_age`` seconds ago is kept, unless its name carries its creator's pid and that creator is
+  known to be gone (then nobody is starting with it: a crashed server's queues go at once, as SGLang's sweep has
+  it); a creator that cannot be looked up (its scope's /proc unreadable) leaves the age rule in force.
 * torch's ``cpp_extension`` baton (``<build dir>/lock``) is held by no process while its compile runs, but the
   compile's ninja works in that directory (``subprocess.run(..., cwd=build_directory)``): a lock whose directory
   is a live process's working directory or root is held.
@@ -53,6 +55,8 @@ class Creators:
         self.ticks = os.sysconf("SC_CLK_TCK")
         self.offset = _clock_offset_ns()
         self._cache: dict[tuple[int | None, int], tuple[int, str] | None] = {}
+        #: (scope, pid) whose /proc entry could not be read for another reason than its absence: alive or not, unknown.
+        self._unknown: set[tuple[int | None, int]] = set()
 
     def started(self, root: Root, pid: int) -> tuple[int, str] | None:
         """(wall-clock start in ns, name) of the live process ``pid`` as ``root``'s scope numbers it, or None."""
@@ -66,9 +70,17 @@ class Creators:
                 fields = rest.split()
                 if fields and fields[0] not in ("Z", "X"):  # a zombie has exited: it created nothing that lives
                     self._cache[key] = (self.offset + int(fields[19]) * 1_000_000_000 // self.ticks, head.partition("(")[2])
+            except FileNotFoundError:
+                # No such process, unless the scope's /proc itself cannot be read (its PID 1 is always there).
+                if not os.path.isdir(f"{proc}/1"):
+                    self._unknown.add(key)
             except (OSError, ValueError, IndexError):
-                pass
+                self._unknown.add(key)
         return self._cache[key]
+
+    def dead(self, root: Root, pid: int) -> bool:
+        """Whether ``pid`` (looked up by :meth:`started`) is known not to be a live process in ``root``'s scope."""
+        return self._cache.get((root.init_pid, pid)) is None and (root.init_pid, pid) not in self._unknown
 
 
 def apply(items: t.Sequence[Item], roots: t.Mapping[int | None, Root], min_age: float, now_ns: int | None = None) -> None:
@@ -84,11 +96,18 @@ def apply(items: t.Sequence[Item], roots: t.Mapping[int | None, Root], min_age: 
             continue  # gone: the removal says so
         pid = creator_pid(item.name)
         if pid is not None:
-            found = creators.started(roots[item.vmid], pid)
+            root = roots[item.vmid]
+            found = creators.started(root, pid)
             if found is not None and found[0] <= changed + START_SLACK_NS:
                 item.verdict = "kept"
                 item.creator = {"pid": pid, "name": found[1]}
                 item.why = f"its creator, PID {pid} ({found[1]}), is alive; kept while it lives"
+                continue
+            if found is not None or creators.dead(root, pid):
+                # Its creator is gone (its pid dead, or now a process that started after the file last changed): the
+                # process between shm_open and mmap that min_age protects was that creator, so the file goes whatever
+                # its age. SGLang's own sweep applies its minimum age to pid-less names only; a server that crashes
+                # and is restarted at once would otherwise leave its queues for a minute each time.
                 continue
         if now - changed < young:
             item.verdict = "kept"

@@ -6,7 +6,10 @@ init (pid 1 inside, with its own /proc). Commands enter it with
 container from the host: its processes live in the cgroup ``lxc/<vmid>/ns``
 (``/proc/PID/cgroup`` reads ``0::/lxc/<vmid>/ns``, as pve-container's
 ``lxc.cgroup.dir.container = lxc/<vmid>`` with ``.inner = ns`` makes it on
-PVE 8 and 9), their environment has ``container=lxc``, and
+PVE 8 and 9), under a parent cgroup of the test run's own (:func:`cgroup_parent`:
+the machine's cgroups are shared, and the lab's real LXC containers, with the
+same vmids, make ``lxc/<vmid>`` at its root), their environment has
+``container=lxc``, and
 :meth:`Sandbox.register_pct` publishes it to the fake ``pct`` registry.
 
 ``unprivileged=True`` adds a user namespace whose uid/gid 0-65535 are host
@@ -57,6 +60,13 @@ def cgroup2_base() -> Path | None:
         if mounts.get(base) == "cgroup2":
             return Path(base)
     return None
+
+
+def cgroup_parent() -> str:
+    """The cgroup the sandboxes' ``lxc/<vmid>`` lie under: one per PID namespace of the tests (each pytest-xdist
+    worker runs in its own), so two workers, or a worker and the lab's real containers, never share a vmid's
+    cgroup. The collection finds a container by ``lxc/<vmid>`` anywhere in the path, as in a nested setup."""
+    return f"gpuops-sim-{pidns_inode(os.getpid())}"
 
 
 # Run inside the sandbox's mount namespace: a tmpfs over dev/, then a bind mount of each device passed.
@@ -153,7 +163,7 @@ class Sandbox:
         base = cgroup2_base()
         if base is None:
             return
-        path = base / "lxc" / str(self.vmid) / "ns"
+        path = base / cgroup_parent() / "lxc" / str(self.vmid) / "ns"
         try:
             path.mkdir(parents=True, exist_ok=True)
             (path / "cgroup.procs").write_text(f"{self.init_pid}\n")
@@ -206,7 +216,7 @@ class Sandbox:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.01)
-        for parent in (self.cgroup_path.parent, self.cgroup_path.parent.parent):  # lxc/<vmid>, lxc/ if unused
+        for parent in list(self.cgroup_path.parents)[:3]:  # lxc/<vmid>, lxc/, the run's parent, if unused
             try:
                 parent.rmdir()
             except OSError:

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from gpusim import CONTEXT_OVERHEAD_MIB
 from gpusim.procfs import nspid, pidns_inode, state
-from gpusim.sandbox import cgroup2_base
+from gpusim.sandbox import cgroup2_base, cgroup_parent
 
 pytestmark = pytest.mark.pidns
 
@@ -93,10 +93,10 @@ def test_vmid_sandbox_looks_like_a_proxmox_container(node, tmp_path) -> None:
     w = sb.spawn_worker(gpus=[0], mib=100)
     if base is not None:
         # pve-container (PVE 8 and 9): lxc.cgroup.dir.container = lxc/<vmid>, .inner = ns
-        assert sb.cgroup_path == base / "lxc" / "129" / "ns"
+        assert sb.cgroup_path == base / cgroup_parent() / "lxc" / "129" / "ns"
         for pid in (sb.init_pid, w.pid):
             with open(f"/proc/{pid}/cgroup") as f:
-                assert "0::/lxc/129/ns\n" in f.read()
+                assert f"0::/{cgroup_parent()}/lxc/129/ns\n" in f.read()
     entry = sb.register_pct(tmp_path / "pct", node_name="pve1")
     # Its lxc.environment: the simulated driver's address and libraries, not the node's PATH.
     driver = {"GPUSIM_STATE": str(node.state_dir), "LD_LIBRARY_PATH": node.env()["LD_LIBRARY_PATH"]}
@@ -107,7 +107,7 @@ def test_vmid_sandbox_looks_like_a_proxmox_container(node, tmp_path) -> None:
     sb.stop()
     assert json.loads(entry.read_text()) == {**expected, "status": "stopped", "pid": None}
     if base is not None:
-        assert not (base / "lxc" / "129").exists()
+        assert not (base / cgroup_parent()).exists()
 
 
 def test_sandboxed_workers_are_orphans_of_the_init_and_report_their_status(node) -> None:
