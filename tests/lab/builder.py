@@ -1125,6 +1125,16 @@ class Lab:
             procs += self._spawn(host, argv, w["title"], "worker", w["gpus"], ignores_term=bool(w.get("ignore_term")))
         return [p for p in procs if p.alive()]
 
+    def end_workload(self, hosts: list[Host]) -> None:
+        """SIGKILL what is left of these hosts' workloads and wait until each process is gone."""
+        for host in hosts:
+            for p in host.workload:
+                p.signal(signal.SIGKILL)
+            for p in host.workload:
+                p.wait_gone(5)
+                p.close()
+            host.workload = []
+
     def spawn_workload(self, host: Host) -> list[Proc]:
         host.workload = self.spawn_job(host, workload_plan(host.gpus)) if host.has_workload else []
         return host.workload
@@ -1148,13 +1158,7 @@ class Lab:
             for name, proc in list(host.daemons.items()):
                 if not proc.alive():
                     host.daemons[name] = self._spawn_daemon(host, name)
-        for host in self.hosts.values():
-            for p in host.workload:
-                p.signal(signal.SIGKILL)
-            for p in host.workload:
-                p.wait_gone(5)
-                p.close()
-            host.workload = []
+        self.end_workload(list(self.hosts.values()))
         for host in self.nodes:
             host.gpu_sim.wait_clean(timeout=10)
         for host in self.hosts.values():

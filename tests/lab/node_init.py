@@ -18,7 +18,6 @@ network namespace, so everything here is private to the node. In order:
 then execs gpusim's reaping init (``_sbinit.py READY_FD``), which tells the lab it is ready.
 """
 
-import ctypes
 import json
 import os
 import socket
@@ -26,16 +25,9 @@ import sys
 import tempfile
 
 from gpusim.devns import private_dev
+from lab.lxc_pve_hook import mount  # mount(2) through libc, as the container hooks use it
 
 MS_RDONLY, MS_BIND, MS_MOVE, MS_REC = 1, 4096, 8192, 16384
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def mount(source, target, fstype=None, flags=0, data=None):
-    args = [None if v is None else os.fsencode(v) for v in (source, target, fstype, data)]
-    if _libc.mount(args[0], args[1], args[2], flags, args[3]) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
 
 
 def main():

@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -205,14 +204,7 @@ class Fleet:
     def refill(self, names: list[str]) -> None:
         """A fresh workload on these hosts (whatever the last run left of theirs is ended first)."""
         lab = self.lab
-        for name in names:
-            host = lab[name]
-            for p in host.workload:
-                p.signal(signal.SIGKILL)
-            for p in host.workload:
-                p.wait_gone(5)
-                p.close()
-            host.workload = []
+        lab.end_workload([lab[name] for name in names])
         for name in names:
             lab.wait_free(lab[name])
         for name in names:
