@@ -664,36 +664,34 @@ def probe_targets(outcome: Outcome, selected: list[Gpu], modes: dict[int, dict[s
     return targets
 
 
-def startability(
-    prober: _probe.Prober,
-    outcome: Outcome,
-    selected: list[Gpu],
-    modes: dict[int, dict[str, t.Any]],
-    devices: dict[str, t.Any],
-    criteria: Criteria,
-    params: t.Mapping[str, t.Any],
-    check_mode: bool,
-) -> dict[str, t.Any]:
+@dataclass
+class StartRun:
+    """What the CUDA starts of one verification are judged against: the NVML prober, the run's outcome (its GPU reports),
+    the selected GPUs and their modes, the verdict's criteria, the module's parameters and check mode."""
+
+    prober: _probe.Prober
+    outcome: Outcome
+    selected: list[Gpu]
+    modes: dict[int, dict[str, t.Any]]
+    criteria: Criteria
+    params: t.Mapping[str, t.Any]
+    check_mode: bool
+
+
+def startability(run: StartRun, devices: dict[str, t.Any]) -> dict[str, t.Any]:
     """Start CUDA on every selected GPU NVML reads clean (a context only on a busy one in exclusive_process or
     prohibited mode), all at once, each in a helper forked from the module (``_cuda.probe``); then read NVML until the
     helpers' processes and memory are gone. Each GPU's report gets ``startable``; a clean GPU whose start failed becomes
     not clean, diagnosed with the start's reason. Returns the run's summary (``cuda_probe`` in the result)."""
     began = time.monotonic()
-    targets = probe_targets(outcome, selected, modes, check_mode)
+    params = run.params
+    targets = probe_targets(run.outcome, run.selected, run.modes, run.check_mode)
     raw, left_behind = _cuda.probe(targets, params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"]) if targets else ({}, [])
-    return judge_starts(prober, outcome, selected, modes, devices, criteria, params, check_mode, targets, raw, left_behind, began)
+    return judge_starts(run, devices, targets, raw, left_behind, began)
 
 
 def startability_inside(
-    prober: _probe.Prober,
-    outcome: Outcome,
-    selected: list[Gpu],
-    modes: dict[int, dict[str, t.Any]],
-    wanted: list[tuple[int, int | None, bool]],
-    criteria: Criteria,
-    params: t.Mapping[str, t.Any],
-    check_mode: bool,
-    in_container: InContainer,
+    run: StartRun, wanted: list[tuple[int, int | None, bool]], in_container: InContainer
 ) -> tuple[dict[str, t.Any], dict[str, t.Any] | None]:
     """Container scope: the device files and (with ``cuda_probe``) the CUDA starts of :func:`startability`, made inside the
     container where the next server starts, in one run of the startability program there (``in_container``); NVML is
@@ -704,10 +702,11 @@ def startability_inside(
     there (no python3, pct failed, its deadline), every GPU that was to be probed is ``cuda_unproven``, not clean.
     """
     began = time.monotonic()
+    params, outcome, selected = run.params, run.outcome, run.selected
     vmid = params["containers"][0]
-    targets = probe_targets(outcome, selected, modes, check_mode) if params.get("cuda_probe") else []
+    targets = probe_targets(outcome, selected, run.modes, run.check_mode) if params.get("cuda_probe") else []
     probed = [g for g in selected if g.index in {x.gpu for x in targets}]
-    before = {index: {p.pid for p in procs} for index, procs in processes_by_gpu(prober, probed).items()}
+    before = {index: {p.pid for p in procs} for index, procs in processes_by_gpu(run.prober, probed).items()}
     request = {
         "device_dir": params["device_dir"],
         "gpus": wanted,
@@ -733,7 +732,7 @@ def startability_inside(
         raw, left_behind = {x.gpu: {"ok": False, "unproven": unproven, "steps": {}} for x in targets}, []
     if not params.get("cuda_probe"):
         return devices, None
-    summary = judge_starts(prober, outcome, selected, modes, devices, criteria, params, check_mode, targets, raw, left_behind, began, before)
+    summary = judge_starts(run, devices, targets, raw, left_behind, began, before)
     summary["container"] = {k: answer.get(k) for k in ("vmid", "ok", "python", "elapsed_s", "rc", "ended", "left")}
     if not answer["ok"]:
         summary["container"]["why"] = answer["why"]
@@ -741,14 +740,8 @@ def startability_inside(
 
 
 def judge_starts(
-    prober: _probe.Prober,
-    outcome: Outcome,
-    selected: list[Gpu],
-    modes: dict[int, dict[str, t.Any]],
+    run: StartRun,
     devices: dict[str, t.Any],
-    criteria: Criteria,
-    params: t.Mapping[str, t.Any],
-    check_mode: bool,
     targets: list[_cuda.Target],
     raw: dict[int, dict[str, t.Any]],
     left_behind: list[int],
@@ -756,6 +749,15 @@ def judge_starts(
     before: dict[int, set[int]] | None = None,
 ) -> dict[str, t.Any]:
     """Wait for NVML to read the starts gone (:func:`settle`), then judge each (``_cuda.judge``) into its GPU's report."""
+    prober, outcome, selected, modes, criteria, params, check_mode = (
+        run.prober,
+        run.outcome,
+        run.selected,
+        run.modes,
+        run.criteria,
+        run.params,
+        run.check_mode,
+    )
     fraction, timeout = params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"]
     reports = {r["index"]: r for r in outcome.gpus}
     probed_at = time.monotonic()
@@ -884,14 +886,15 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
         if p.get("cuda_probe") or p.get("health"):
             modes = gpu_modes(prober, selected)
             wanted = [(g.index, g.minor, bool(modes.get(g.index, {}).get("mig"))) for g in selected]
+            starts = StartRun(prober, outcome, selected, modes, criteria, p, module.check_mode)
             if p.get("containers"):
                 if in_container is None:
                     raise CleanSlateError("containers: this entry point has no way into a container.", reason=_reasons.INTERNAL_ERROR)
-                devices, cuda_probe = startability_inside(prober, outcome, selected, modes, wanted, criteria, p, module.check_mode, in_container)
+                devices, cuda_probe = startability_inside(starts, wanted, in_container)
             else:
                 devices = _software.device_nodes(p["device_dir"], wanted, len(every))
                 if p.get("cuda_probe"):
-                    cuda_probe = startability(prober, outcome, selected, modes, devices, criteria, p, module.check_mode)
+                    cuda_probe = startability(starts, devices)
             if p.get("health"):
                 software = software_checks(prober, outcome, selected, devices)
         try:
