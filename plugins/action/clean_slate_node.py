@@ -19,6 +19,12 @@ the phase's own tags plus those the task inherits (an including task, its ``appl
   answers itself, and nothing reaches the host.
 * ``python`` runs the module with that interpreter (the role's virtual environment), unless an extra variable
   sets ``ansible_python_interpreter``, which wins over anything a role says, as Ansible's precedence has it.
+* ``record`` (the context of the ``clean_slate_result`` filter) makes the plugin build the host's record from the run
+  right away, with the filter's own code (``plugin_utils/_record``), and set it as the host's ``clean_slate_result``
+  the way ``set_fact`` sets a variable; the result says ``recorded: true``. A fleet pays for every task on every host
+  (docs/benchmarks.md, "Fleet"), and this saves the role one per host. Ansible before 2.21 has no way for an action
+  to set a variable but ``set_fact``'s own: there the result says ``recorded: false`` and the role builds the record
+  with the filter, in a task.
 """
 
 from __future__ import annotations
@@ -29,6 +35,13 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _phases
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _record
+
+try:
+    # ansible-core 2.21 and later: an action may set host variables at set_fact's precedence (ActionBase.register_host_variables).
+    from ansible.plugins.action import VariableLayer
+except ImportError:  # pragma: no cover - older ansible-core
+    VariableLayer = None
 
 
 class ActionModule(ActionBase):
@@ -41,6 +54,23 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
+        record = args.pop("record", None)
+        result = self._run(result, args, task_vars)
+        # Ansible applies a task's variables only to a result that is neither skipped nor failed (the role registers the
+        # run with failed_when: false); a run that selected no phase is skipped, and the role records it in a task.
+        if isinstance(record, dict) and result.get("in_run") and not result.get("skipped") and VariableLayer is not None:
+            facts = {"clean_slate_result": _record.result(result, {**self._context(args, task_vars), **record})}
+            # As set_fact does it: the variable at set_fact's precedence, not a fact for the fact cache, and shown in the
+            # result's ansible_facts (callbacks, ARA, -v) without Ansible's legacy registration of ansible_facts.
+            self.register_host_variables({}, VariableLayer.CACHEABLE_FACT)
+            self.register_host_variables(facts, VariableLayer.EPHEMERAL_FACT)
+            result.update(ansible_facts=facts, recorded=True)
+        elif record is not None:
+            result["recorded"] = False
+        return result
+
+    def _run(self, result: dict[str, t.Any], args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        """The phases the tags select, run in one module execution (or answered here when nothing is to run)."""
         python = args.pop("python", None)
         # The task's own phase tags (shown by --list-tasks) are not inherited ones: each phase is judged with its own.
         inherited = set(self._task.tags or []) - {"always"} - _phases.ALL_TAGS
@@ -66,6 +96,23 @@ class ActionModule(ActionBase):
         # host once, after its record): the module failed, by its own reason or by Ansible's (no Python, MODULE FAILURE).
         result.update(in_run=True, module_failed=bool(result.get("failed")))
         return result
+
+    def _context(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        """What the record's context (the clean_slate_result filter's) is for this run, as far as the run itself says:
+        the host, where the module ran, the scope (a container cleaned from its node: ``containers``), check mode, and
+        the role whose tasks name the variable behind each option. ``record`` adds the rest and wins."""
+        host = str(task_vars.get("inventory_hostname", ""))
+        delegate = str(self._task.delegate_to or host)
+        containers = args.get("containers") or []
+        through = bool(containers) and delegate != host
+        return {
+            "host": host,
+            "mode": "hypervisor" if containers else "local",
+            "delegate": delegate,
+            "label": f"{delegate}/ct{containers[0]}" if through else host,
+            "check_mode": bool(self._task.check_mode),
+            "role_path": task_vars.get("role_path"),
+        }
 
     def _with_python(self, task_vars: dict[str, t.Any], python: t.Any) -> dict[str, t.Any]:
         """The task's variables with ``python`` as the module's interpreter (on the delegate, when delegated)."""

@@ -17,16 +17,17 @@ import typing as t
 import yaml  # type: ignore[import-untyped]  # no stubs installed
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.parsing.splitter import parse_kv
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _outcome, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _outcome
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _record
 
 #: Variables named clean_slate_* that are not options of the role but that users and the role set legitimately: the
 #: playbook's host pattern, the role's result and the reading its hook sees.
 NOT_OPTIONS = frozenset({"clean_slate_hosts", "clean_slate_result", "clean_slate_preflight"})
 #: clean_slate_node's option sections whose values the role's tasks write out from its variables.
 SECTIONS = ("verify", "kill", "residue", "restore", "metrics")
-_VARIABLE = re.compile(r"(?<![A-Za-z0-9_])clean_slate_[a-z_]+")
 
 
 @functools.lru_cache(maxsize=8)
@@ -40,59 +41,13 @@ def role_spec(role_path: str) -> dict[str, t.Any]:
     return dict(data["argument_specs"]["main"]["options"])
 
 
-@functools.lru_cache(maxsize=8)
-def option_variables(role_path: str) -> dict[str, str]:
-    """Each clean_slate_node option the role's tasks (tasks/main.yml) write out from a role variable, as
-    ``<section>.<option>`` (or the top-level option) -> the first clean_slate_* variable its value names."""
-    try:
-        with open(os.path.join(role_path, "tasks", "main.yml"), encoding="utf-8") as f:
-            tasks = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError):
-        return {}
-    out: dict[str, str] = {}
-
-    def walk(items: t.Any) -> None:
-        for task in items or []:
-            if not isinstance(task, dict):
-                continue
-            for key in ("block", "rescue", "always"):
-                walk(task.get(key))
-            args = task.get("gpuops.clean_slate.clean_slate_node")
-            if not isinstance(args, dict):
-                continue
-            for option, value in args.items():
-                if isinstance(value, dict):
-                    for sub, text in value.items():
-                        found = _VARIABLE.search(str(text))
-                        if found:
-                            out.setdefault(f"{option}.{sub}", found.group(0))
-                else:
-                    found = _VARIABLE.search(str(value))
-                    if found:
-                        out.setdefault(str(option), found.group(0))
-
-    walk(tasks)
-    return out
-
-
 def clean_slate_result(run: t.Any, context: t.Any = None) -> dict[str, t.Any]:
     """The role's per-host result from clean_slate_node's registered run (see clean_slate_result.yml)."""
     if not isinstance(run, dict):
         raise AnsibleFilterError("clean_slate_result: the input must be clean_slate_node's registered result (a dictionary)")
     if context is not None and not isinstance(context, dict):
         raise AnsibleFilterError("clean_slate_result: the context must be a dictionary")
-    ctx = dict(context or {})
-    role_path = ctx.pop("role_path", None)
-    if role_path:
-        ctx["option_vars"] = option_variables(str(role_path))
-    records = {"error": ctx.pop("error", None) or {}, "report": ctx.pop("report", None) or {}}
-    error = records["error"]
-    if isinstance(error, dict) and error.get("phase") == "before_kill":
-        # One of the user's tasks before the kill failed: nothing was ended.
-        records["error"] = {}
-        run = {**error, "phase": "before_kill", "reason": _reasons.BEFORE_KILL_FAILED, "msg": f"{error.get('msg', '')}. Nothing was ended."}
-    mode = str(ctx.get("mode") or "local")
-    return _outcome.result(_outcome.steps(_outcome.phase_results(run, mode), records), ctx)
+    return _record.result(run, dict(context or {}))
 
 
 def clean_slate_published(result: t.Any, hostvars: t.Any = None) -> dict[str, t.Any]:
@@ -149,12 +104,51 @@ def _plain(value: t.Any) -> t.Any:
     return value
 
 
-def role_refusals(given: t.Any, role_path: t.Any) -> list[str]:
+def role_refusals(given: t.Any, role_path: t.Any, mode: t.Any = None, host: t.Any = None, wheels_path: t.Any = "") -> list[str]:
     """One sentence per refused role variable (see role_refusals.yml): ``given`` maps the host's clean_slate_* variables
     to their values, checked against meta/argument_specs.yml with the validator of ansible.builtin.validate_argument_spec
-    (the same call, so the same words), and every name the spec does not know is refused with the nearest known one."""
+    (the same call, so the same words), and every name the spec does not know is refused with the nearest known one.
+    With ``mode`` (the host's clean_slate_mode, auto resolved), also what the spec cannot say (:func:`_beyond_spec`)."""
     if not isinstance(given, dict):
         raise AnsibleFilterError("role_refusals: the input must map the host's clean_slate_* variables to their values")
+    beyond = _beyond_spec(given, str(mode), str(host or ""), str(wheels_path or "")) if mode is not None else []
+    return _spec_refusals(given, role_path) + beyond
+
+
+def _beyond_spec(given: dict[str, t.Any], mode: str, host: str, wheels_path: str) -> list[str]:
+    """What the argument spec cannot say: a container cleaned from its node needs the node and its vmid; the modules'
+    virtual environment needs an absolute path on the node, and the wheels a directory on the controller (a relative
+    clean_slate_wheels_dir is taken from where ansible-playbook was started: ``wheels_path``, the role's
+    _clean_slate_wheels_path)."""
+    out: list[str] = []
+    if mode == "hypervisor":
+        if not str(given.get("clean_slate_hypervisor") or ""):
+            out.append(
+                f"clean_slate_hypervisor is empty, but clean_slate_mode is hypervisor for {host}: name the Proxmox node"
+                " that hosts it (the gpuops.clean_slate.proxmox inventory sets proxmox_node_host)."
+            )
+        vmid = str(given.get("clean_slate_vmid"))
+        if not (re.match(r"^[0-9]+$", vmid) and int(vmid) >= 100):
+            out.append(
+                f"clean_slate_vmid must be the container's vmid (an integer from 100) in hypervisor mode, got {json.dumps(vmid)}"
+                " (the gpuops.clean_slate.proxmox inventory sets proxmox_vmid)."
+            )
+    if boolean(given.get("clean_slate_install_dependencies", False), strict=False):
+        venv = given.get("clean_slate_venv_dir")
+        if not re.match(r"^/.*[^/]$", str(venv)):
+            out.append(f"clean_slate_venv_dir must be an absolute path on the host where the modules run, got {json.dumps(venv)}.")
+        wheels = given.get("clean_slate_wheels_dir") or ""
+        path = wheels_path
+        if path and not os.path.isdir(path):
+            out.append(
+                f"clean_slate_wheels_dir must be a directory on the controller holding the wheels to install, got {json.dumps(wheels)}"
+                f" ({path} is not a directory)."
+            )
+    return out
+
+
+def _spec_refusals(given: dict[str, t.Any], role_path: t.Any) -> list[str]:
+    """The argument spec's refusals, and the names it does not know."""
     spec = role_spec(str(role_path))
     checked = ArgumentSpecValidator(spec).validate({k: _plain(v) for k, v in given.items() if k in spec}, validate_role_argument_spec=True)
     out = [_sentence(str(e)) for e in checked.error_messages]

@@ -99,8 +99,9 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "restore": {"type": "dict", "default": {}},
         "pre_stop": {"type": "list", "elements": "str", "default": []},
         "pre_stop_timeout": {"type": "float", "default": 60},
-        # For the action plugin (the interpreter that runs this module); the module itself ignores it.
+        # For the action plugin (the interpreter that runs this module; the host's record); the module itself ignores them.
         "python": {"type": "str"},
+        "record": {"type": "dict"},
         "metrics": {
             "type": "dict",
             "options": {"dir": {"type": "path", "required": True}, "host": {"type": "str", "required": True}},

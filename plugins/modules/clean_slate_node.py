@@ -141,6 +141,21 @@ options:
       - The interpreter to run this module with on the host (the role's virtual environment), unless an extra variable
         sets C(ansible_python_interpreter). Read by the action plugin; empty means the host's own.
     type: str
+  record:
+    description:
+      - Read by the action plugin. After the run, build the host's result with the code of the
+        P(gpuops.clean_slate.clean_slate_result#filter) filter, from the run and this context (the filter's C(context) argument),
+        and set it as the host's variable C(clean_slate_result), as M(ansible.builtin.set_fact) would; the run then
+        returns RV(recorded=true). The C(gpuops.clean_slate.clean_slate) role passes it, so that its record needs no
+        task of its own on each host.
+      - The context's C(host), C(delegate) (where the module ran), C(mode) (V(hypervisor) with O(containers)), C(label),
+        C(check_mode) and C(role_path) default to the run's own; this option adds the rest (C(fail_on_dirty),
+        C(health_fail_on)) and wins.
+      - An action can set a variable this way from ansible-core 2.21 on; before, the run returns RV(recorded=false) and
+        the role builds the result with the filter. Ansible sets it only when the task neither fails nor is skipped
+        (the role registers the run with C(failed_when: false)); a run that selects no phase is skipped and returns
+        RV(recorded=false).
+    type: dict
   containers:
     description:
       - On a Proxmox VE hypervisor, the LXC containers (by vmid) whose processes the kill may end and whose residue is
@@ -180,6 +195,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+recorded:
+  description: Whether the action plugin set the host's C(clean_slate_result) (O(record)).
+  returned: when O(record) is given
+  type: bool
+  sample: true
 phases:
   description: The phases this run was asked for, in the order they run.
   returned: always

@@ -48,13 +48,32 @@ def launch(argv: list[str]) -> None:
     profile = os.environ.get("GPUOPS_PROFILE_CPROFILE") == "1"
     main_prof = cProfile.Profile() if profile else None
     from ansible.executor.process import worker
+    from jinja2 import environment as jinja_env
 
     original = worker.WorkerProcess._run
+    # Every template Ansible compiles (Jinja's Environment.compile: parse, code generation, Python's compile): its
+    # CPU, counted per worker. A forked worker starts with nothing compiled, so each task pays for its templates anew.
+    compiled = {"n": 0, "cpu": 0.0}
+    jinja_compile = jinja_env.Environment.compile
+
+    def counted_compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.process_time()
+        try:
+            return jinja_compile(self, *args, **kwargs)
+        finally:
+            compiled["n"] += 1
+            compiled["cpu"] += time.process_time() - started
+            if os.environ.get("GPUOPS_PROFILE_TEMPLATES"):
+                with open(out / f"templates-{os.getpid()}.txt", "a", encoding="utf-8") as fh:
+                    fh.write(f"{time.process_time() - started:.5f} {' '.join(str(args[0] if args else '').split())[:200]}\n")
+
+    jinja_env.Environment.compile = counted_compile  # type: ignore[method-assign]
 
     def _run(self: Any) -> Any:
         if main_prof is not None:
             main_prof.disable()  # inherited through the fork: the worker's own profile replaces it
         prof = cProfile.Profile() if profile else None
+        compiled.update(n=0, cpu=0.0)
         cpu, wall = time.process_time(), time.perf_counter()
         if prof is not None:
             prof.enable()
@@ -69,6 +88,8 @@ def launch(argv: list[str]) -> None:
                 "host": self._host.name,
                 "cpu": time.process_time() - cpu,
                 "wall": time.perf_counter() - wall,
+                "templates": compiled["n"],
+                "template_cpu": compiled["cpu"],
             }
             with open(out / "workers.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
@@ -216,16 +237,19 @@ def report(out: Path, top: int) -> None:
         if w["task"] not in by:
             order.append(w["task"])
         by[w["task"]].append(w)
-    print("| Task | Action | Hosts | Worker CPU, all hosts (s) | per host (s) | Worker wall, median (s) |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| Task | Action | Hosts | Worker CPU, all hosts (s) | per host (s) | of it compiling templates, per host (s) | templates per host | Worker wall, median (s) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     total = 0.0
     for task in order:
         ws = by[task]
         cpu = sum(w["cpu"] for w in ws)
         total += cpu
         walls = sorted(w["wall"] for w in ws)
+        jinja = sum(w.get("template_cpu", 0.0) for w in ws) / len(ws)
+        templates = sum(w.get("templates", 0) for w in ws) / len(ws)
         print(
-            f"| {task.split(' : ')[-1][:70]} | {ws[0]['action'].split('.')[-1]} | {len(ws)} | {cpu:.3f} | {cpu / len(ws):.4f} | {walls[len(walls) // 2]:.3f} |"
+            f"| {task.split(' : ')[-1][:70]} | {ws[0]['action'].split('.')[-1]} | {len(ws)} | {cpu:.3f} | {cpu / len(ws):.4f} | {jinja:.4f} |"
+            f" {templates:.0f} | {walls[len(walls) // 2]:.3f} |"
         )
     print(f"\nworkers' own CPU {total:.2f} s (ssh clients and local modules not included); main process CPU {main['cpu']:.2f} s")
     tasktime = out / "tasktime.txt"

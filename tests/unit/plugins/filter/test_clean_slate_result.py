@@ -13,6 +13,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuops.clean_slate.plugins.filter import clean_slate_result as f
 from ansible_collections.gpuops.clean_slate.plugins.filter.text_list import text_list
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _node, _restore
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _record
 
 ROOT = Path(__file__).resolve().parents[4]
 ROLE = ROOT / "roles" / "clean_slate"
@@ -25,7 +26,7 @@ def test_the_argument_spec_covers_every_public_variable_and_nothing_else() -> No
 
 
 def test_every_module_option_the_role_writes_out_names_a_role_variable() -> None:
-    mapped = f.option_variables(str(ROLE))
+    mapped = _record.option_variables(str(ROLE))
     tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
     node = next(t["gpuops.clean_slate.clean_slate_node"] for t in tasks[0]["block"] if "gpuops.clean_slate.clean_slate_node" in t)
     for section in ("verify", "kill", "residue"):
