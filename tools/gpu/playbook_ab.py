@@ -53,7 +53,7 @@ def collections_dir(checkout: Path, tmp: Path, name: str) -> Path:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", type=Path, help="a checkout of the collection to compare with")
+    p.add_argument("--baseline", type=Path, action="append", default=[], help="a checkout of the collection to compare with (repeatable)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--gpus", type=int, default=0, help="clean_slate_expected_gpus (0: not checked)")
     a = p.parse_args()
@@ -68,8 +68,8 @@ def main() -> int:
             "empty one-task playbook": (collections_dir(ROOT, tmp, "after"), tmp / "empty.yml"),
             "one ping task (Ansible's floor for a module task)": (tmp / "after", tmp / "ping.yml"),
         }
-        if a.baseline:
-            contenders[f"playbook before ({a.baseline})"] = (collections_dir(a.baseline, tmp, "before"), a.baseline.resolve() / "playbooks" / "clean_slate.yml")
+        for n, baseline in enumerate(a.baseline):
+            contenders[f"playbook before ({baseline})"] = (collections_dir(baseline, tmp, f"before{n}"), baseline.resolve() / "playbooks" / "clean_slate.yml")
         contenders["playbook after (this checkout)"] = (tmp / "after", ROOT / "playbooks" / "clean_slate.yml")
         # The same without the CUDA start on each GPU: the role's shape alone, against a baseline that had no probe.
         contenders["playbook after, clean_slate_cuda_probe=false"] = (tmp / "after", ROOT / "playbooks" / "clean_slate.yml", "clean_slate_cuda_probe=false")
