@@ -209,7 +209,7 @@ def main() -> int:
             time_row("bare", bare_reads)
             make_files(f"a{rep}", files - held_count)
             started = time.perf_counter()
-            result, _run = run_module("gpuops.clean_slate.gpu_job_residue", {}, interpreter=VENV_PYTHON)
+            result, _run = run_module("gpuops.clean_slate.gpu_job_residue", {"min_age": 0}, interpreter=VENV_PYTHON)
             rows.setdefault("task", []).append((time.perf_counter() - started, 0.0))
             assert result["_status"] == "ok" and result["summary"]["removed"] == files - held_count, result.get("msg")
             rows.setdefault("ansible", []).append((result["elapsed_s"], 0.0))
