@@ -153,7 +153,7 @@ options:
         C(health_fail_on)) and wins.
       - An action can set a variable this way from ansible-core 2.21 on; before, the run returns RV(recorded=false) and
         the role builds the result with the filter. Ansible sets it only when the task neither fails nor is skipped
-        (the role registers the run with C(failed_when: false)); a run that selects no phase is skipped and returns
+        (the role registers the run with C(failed_when) false); a run that selects no phase is skipped and returns
         RV(recorded=false).
     type: dict
   containers:
