@@ -237,7 +237,10 @@ def report(out: Path, top: int) -> None:
         if w["task"] not in by:
             order.append(w["task"])
         by[w["task"]].append(w)
-    print("| Task | Action | Hosts | Worker CPU, all hosts (s) | per host (s) | of it compiling templates, per host (s) | templates per host | Worker wall, median (s) |")
+    print(
+        "| Task | Action | Hosts | Worker CPU, all hosts (s) | per host (s) | of it compiling templates, per host (s)"
+        " | templates per host | Worker wall, median (s) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     total = 0.0
     for task in order:
