@@ -25,7 +25,9 @@ with thousands of processes): one stat of the task directory (its link count
 gives the number of threads), one listdir and one readlink per fd, one read
 of maps per process, a stat only for fds whose name is a candidate's, and for
 a process with several threads one kcmp per thread.
-Every reader tolerates processes that vanish mid-scan.
+Every reader tolerates processes that vanish mid-scan, and a process that
+refuses a read is read once more a moment later (a transition such as an exec
+that changes credentials refuses reads briefly).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 import typing as t
 from dataclasses import dataclass, field
 
@@ -113,6 +116,15 @@ def _read_all(path: str, buf: bytearray) -> bytes | None:
         os.close(fd)
 
 
+def describe_unreadable(pids: list[int], limit: int = 5) -> str:
+    """The processes a pass could not read, as ``pid (comm, state)``, the first ``limit`` of them."""
+    shown = []
+    for pid in pids[:limit]:
+        line = _stat_line(str(pid))
+        shown.append(f"{pid} ({line[2]}, state {line[0]})" if line else f"{pid} (gone)")
+    return ", ".join(shown) + (f" and {len(pids) - limit} more" if len(pids) > limit else "")
+
+
 def _stat_line(pid: str) -> tuple[str, int, str] | None:
     """(state, ppid, comm) from /proc/PID/stat."""
     try:
@@ -166,7 +178,39 @@ def scan(watch: Watch, workers: int = 0) -> Scan:
         out.processes += part.processes
     if part_errors := [p.error for p in parts if p.error is not None]:
         raise part_errors[0]
+    if out.unreadable:
+        _read_again(out, watch)
     return out
+
+
+#: How long a process that refused a read is left before it is read again (see _read_again).
+RETRY_PAUSE_S = 0.05
+
+
+def _read_again(out: Scan, watch: Watch) -> None:
+    """Read the processes that refused a read once more, after a moment, and keep as unreadable only those that still
+    refuse. A process caught in a transition (an exec that changes its credentials makes it undumpable for a moment;
+    an exit under way) can refuse one read and allow the next, and one that has exited since holds nothing: without
+    this, one such moment anywhere on the host makes the whole residue pass incomplete. What the second read finds is
+    added to the first's (holds are kept once each)."""
+    time.sleep(RETRY_PAUSE_S)
+    again = Scan()
+    _scan_part([str(pid) for pid in dict.fromkeys(out.unreadable)], watch, again)
+    if again.error is not None:
+        raise again.error
+    for key, holds in again.holds.items():
+        for hold in holds:
+            out.add(key, hold.pid, hold.how)
+    for name, holds in again.name_holds.items():
+        known = out.name_holds.setdefault(name, [])
+        known.extend(h for h in holds if h not in known)
+    for ino, pids in again.socket_owners.items():
+        owners = out.socket_owners.setdefault(ino, [])
+        owners.extend(p for p in pids if p not in owners)
+    for ns, where in again.netns.items():
+        out.netns.setdefault(ns, where)
+    out.zombies.extend(z for z in again.zombies if z not in out.zombies)
+    out.unreadable = again.unreadable
 
 
 def _scan_part(proc_names: list[str], watch: Watch, out: Scan) -> None:

@@ -19,7 +19,9 @@ from typing import Any, Sequence
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv"
+# GPUOPS_TEST_VENV: run the tests' Ansible from another virtual environment (another ansible-core series: a machine
+# whose newest Python is 3.11 gets 2.19, tools/pick-python), its python also the modules' interpreter.
+VENV = Path(os.environ.get("GPUOPS_TEST_VENV") or ROOT / ".venv")
 VENV_PYTHON = str(VENV / "bin" / "python")
 CALLBACK_DIR = Path(__file__).resolve().parent / "callback"
 

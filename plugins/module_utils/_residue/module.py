@@ -141,7 +141,10 @@ def _run(req: Request, check_mode: bool, roots: list[walk.Root], walkers: list[w
     orphans = [i for i in judged if i.verdict == "remove"]
     incomplete = bool(scan.unreadable) and bool(orphans)
     if incomplete:
-        why = f"{len(scan.unreadable)} process(es) could not be inspected (permission), so nothing can be proven orphaned"
+        why = (
+            f"{len(scan.unreadable)} process(es) could not be inspected (permission), so nothing can be proven orphaned"
+            f" (pid {_holders.describe_unreadable(scan.unreadable)})"
+        )
         for item in orphans:
             item.verdict, item.why = "skipped", why
         notes.append(why + "; run the module as root (become: true).")

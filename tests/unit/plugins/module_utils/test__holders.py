@@ -3,6 +3,7 @@ processes that open, map, lock, bind and work in real files (under tools/pidns-r
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import os
 import socket
@@ -11,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders, _proctable
 
 
 def key(path: Path) -> _holders.Key:
@@ -163,3 +164,68 @@ def test_a_socket_bound_in_a_threads_own_file_table_has_its_owner(tmp_path: Path
     [inode] = [i for i, p in _holders.read_unix(proc.pid) if p == str(path)]
     scan = _holders.scan(_holders.Watch(sockets={inode}, netns=True), workers=1)
     assert scan.socket_owners[inode] == [proc.pid]
+
+
+TARGET = r"""
+import ctypes, os, sys, time
+held = open(sys.argv[1], "rb")  # the file this process holds, opened while it is root
+go, said = int(sys.argv[2]), int(sys.argv[3])
+os.write(said, b"r")
+os.read(go, 1)
+# What an exec that changes credentials does for a moment: another uid, undumpable until told otherwise.
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE 1
+os.write(said, b"d")
+time.sleep(60)
+"""
+
+
+def test_a_process_that_refuses_one_read_is_read_again_and_one_that_keeps_refusing_is_unreadable(tmp_path: Path) -> None:
+    """The pass runs as nobody: root's processes refuse it. One of them holds a file and turns into nobody's, as a
+    process in mid-exec would, while the pass pauses before reading the refusers again: it is read then, and what it
+    holds is found; the others still refuse and stay unreadable (the residue phase then proves nothing orphaned)."""
+    held = tmp_path / "segment"
+    held.write_bytes(b"\0" * 4096)
+    go_r, go_w = os.pipe()
+    said_r, said_w = os.pipe()
+    target = subprocess.Popen([sys.executable, "-c", TARGET, str(held), str(go_r), str(said_w)], pass_fds=(go_r, said_w))
+    try:
+        assert os.read(said_r, 1) == b"r"
+        watch = _holders.Watch(keys={key(held)}, names={held.name})  # stat'ed as root: nobody cannot reach tmp_path
+        _proctable.kcmp()  # its lazy imports (ctypes) while root: nobody cannot read this interpreter's library
+        out_r, out_w = os.pipe()
+        child = os.fork()
+        if child == 0:  # the pass, as nobody
+            try:
+                os.setgroups([])
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+
+                class Pause:
+                    """The pass's pause before the second read: the moment the target changes."""
+
+                    @staticmethod
+                    def sleep(_seconds: float) -> None:
+                        os.write(go_w, b"g")
+                        os.read(said_r, 1)
+
+                _holders.time = Pause  # type: ignore[assignment]
+                scan = _holders.scan(watch, workers=1)
+                found = [(h.pid, h.how) for hs in scan.holds.values() for h in hs]
+                os.write(out_w, repr((found, scan.unreadable)).encode())
+            except BaseException as exc:  # said to the test, which fails on it
+                os.write(out_w, repr(([], [repr(exc)])).encode())
+            finally:
+                os._exit(0)
+        os.close(out_w)
+        with os.fdopen(out_r) as fh:
+            found, unreadable = ast.literal_eval(fh.read())
+        os.waitpid(child, 0)
+        assert found == [(target.pid, "fd")], (found, unreadable, target.pid)
+        assert target.pid not in unreadable
+        assert os.getpid() in unreadable  # root's pytest refuses the pass both times
+    finally:
+        target.kill()
+        target.wait()
