@@ -600,7 +600,7 @@ inventory and every role task included), median of {args.repeat} runs, each on a
 Beside each playbook run, on the same inventory, the empty one-task playbook (one `debug` task: Ansible's
 start-up and inventory) is the yardstick; kill-to-clean is the work itself (the kill's own elapsed time
 plus the verification's time to clean), so "wall - empty - kill-to-clean" is what the role costs around
-the work. "before" rows run the checkout given with `--baseline` (the role before clean_slate_node) on
+the work. "before" rows run the checkout given with `--baseline` (named by its commit) on
 the same machine in the same run.
 
 - **1 node**: the simulated 8 x H200 node, `ansible_connection: local` inside the node's sandbox,
