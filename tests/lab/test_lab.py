@@ -330,6 +330,10 @@ def test_container_scope_spares_the_other_container_and_the_node_and_proves_star
     assert set(stats(run)) == {"ct102", "ct103"}
     assert (stats(run)["ct102"]["failures"], stats(run)["ct103"]["failures"]) == (0, 1), stats(run)
     assert_clean(lab, run, "ct102")
+    # The record says how the container was cleaned (built by "Clean the GPUs" itself, from its own run).
+    res = result_of(run, "ct102")
+    assert (res["mode"], res["label"]) == ("hypervisor", "pve1/ct102"), res
+    assert run.role_clean("ct102")["result"]["recorded"] is True
     kill = run.phase("kill", host="ct102")
     assert {tg["pid"] for tg in kill["targets"]} == want
     assert {tg["container"] for tg in kill["targets"]} == {102}
