@@ -187,20 +187,30 @@ def start(out_fd: int, uuid: str, fraction: float, context_only: bool) -> None: 
     say("R " + json.dumps(res))
 
 
-def helper(out_fd: int, parent: int, uuid: str, fraction: float, context_only: bool) -> None:  # pragma: no cover - runs in the helper
-    """The forked helper's life: die with the parent, keep nothing of it open, then the start on ``uuid`` alone."""
+def detach(parent: int) -> bool:  # pragma: no cover - runs in a forked helper
+    """A forked helper's first steps (this program's and ``_probe``'s NVML helper's): die with ``parent``
+    (``PR_SET_PDEATHSIG``), the default action for the signals a caller may have caught, and standard input, output
+    and error on /dev/null, so that nothing it does reaches the caller's output (a module's JSON result) or keeps it
+    open. False when the parent died before the death signal took effect: the helper should end at once."""
     try:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent:
-        return
+        return False
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    return True
+
+
+def helper(out_fd: int, parent: int, uuid: str, fraction: float, context_only: bool) -> None:  # pragma: no cover - runs in the helper
+    """The forked helper's life: die with the parent, keep nothing of it open, then the start on ``uuid`` alone."""
+    if not detach(parent):
+        return
     # Nothing of the parent's (its NVML helper's pipes, Ansible's files, the caller's pipe) stays open in the helper.
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)

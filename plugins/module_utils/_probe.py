@@ -41,7 +41,7 @@ import time
 import typing as t
 from dataclasses import dataclass
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda_program, _nvml, _reasons
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 ADVICE = (
@@ -56,7 +56,6 @@ REAP_WAIT_S = 0.5
 
 _HEADER = struct.Struct("!cI")
 _ANSWER = b"R"  # payload: a pickled (ok, value)
-_PR_SET_PDEATHSIG = 1
 
 # Where the helper is, written before every call into a page both processes map (MAP_SHARED): a
 # sequence number, the number of calls, the GPU (-1: the system) and the call's name. A memory write costs the helper about
@@ -225,20 +224,9 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 def _helper(requests: int, answers: int, parent: int, skip: t.Mapping[int, CleanSlateError], opener: t.Callable[[], t.Any], board: _Board) -> None:
     """The helper's life: open the session, report the GPUs, answer requests until the pipe closes."""
     global _board  # pylint: disable=global-statement
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - Linux has prctl
-        pass
-    if os.getppid() != parent:  # the parent died before the request took effect
+    # Dies with the module, and nothing it does may reach the module's stdout (its JSON result) or keep it open.
+    if not _cuda_program.detach(parent):  # the parent died before the request took effect
         return
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
-    # Nothing the helper does may reach the module's stdout (its JSON result) or keep it open.
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
     _board = board
     if _nvml.HAS_PYNVML:
         lookup = _nvml.pynvml._nvmlGetFunctionPointer  # pylint: disable=protected-access

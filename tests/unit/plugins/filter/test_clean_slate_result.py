@@ -76,6 +76,32 @@ def test_refusals_name_the_variable_without_pythons_types_and_unknown_names_get_
         f.role_refusals(["clean_slate_signal"], str(ROLE))
 
 
+def test_what_the_spec_cannot_say_is_refused_with_the_hosts_mode(tmp_path: Path) -> None:
+    """A container cleaned from its node needs the node and its vmid; the venv an absolute path; the wheels a directory
+    on the controller. Refused only with the host's mode given (the role passes it) and only where it applies."""
+    given = {**DEFAULTS, "clean_slate_hypervisor": "", "clean_slate_vmid": 50}
+    assert f.role_refusals(given, str(ROLE), mode="hypervisor", host="ct129") == [
+        "clean_slate_hypervisor is empty, but clean_slate_mode is hypervisor for ct129: name the Proxmox node that hosts it"
+        " (the gpuops.clean_slate.proxmox inventory sets proxmox_node_host).",
+        'clean_slate_vmid must be the container\'s vmid (an integer from 100) in hypervisor mode, got "50"'
+        " (the gpuops.clean_slate.proxmox inventory sets proxmox_vmid).",
+    ]
+    assert f.role_refusals({**given, "clean_slate_hypervisor": "pve1", "clean_slate_vmid": "129"}, str(ROLE), mode="hypervisor", host="ct129") == []
+    # A local host's node and vmid are not looked at; without mode, only the spec's refusals.
+    assert f.role_refusals(given, str(ROLE), mode="local", host="ct129") == [] == f.role_refusals(given, str(ROLE))
+    deps = {**DEFAULTS, "clean_slate_install_dependencies": True, "clean_slate_venv_dir": "opt/venv", "clean_slate_wheels_dir": "wheels"}
+    missing = str(tmp_path / "wheels")
+    assert f.role_refusals(deps, str(ROLE), mode="local", host="h", wheels_path=missing) == [
+        'clean_slate_venv_dir must be an absolute path on the host where the modules run, got "opt/venv".',
+        f'clean_slate_wheels_dir must be a directory on the controller holding the wheels to install, got "wheels" ({missing} is not a directory).',
+    ]
+    (tmp_path / "wheels").mkdir()
+    ok = {**deps, "clean_slate_venv_dir": "/opt/venv"}
+    assert f.role_refusals(ok, str(ROLE), mode="local", host="h", wheels_path=missing) == []
+    # Without clean_slate_install_dependencies neither is the role's business.
+    assert f.role_refusals({**deps, "clean_slate_install_dependencies": False}, str(ROLE), mode="local", host="h", wheels_path="/nowhere") == []
+
+
 def test_published_for_a_batch_holds_each_host_the_role_recorded() -> None:
     result = {"clean": True, "summary": "a: 2/2 GPUs clean", "gpus": [{"index": 0}], "targets": [{"pid": 1}]}
     hostvars = {
