@@ -1,0 +1,151 @@
+# Copyright (c) 2026, gpuops.clean_slate maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# Note: this module_util is PRIVATE to the collection; it may change without notice.
+
+"""Every finding the modules can report, and what fixes it: one table, data only (beside the Xid catalog, :mod:`._xids`).
+
+A finding is named (``name``, stable, machine-readable), put on the health verdict's scale (``verdict``) and given the
+fix an on-call engineer applies (``fix``, one sentence), and where that fix is made (``where``). The verdict is what a
+workflow branches on; ``where`` keeps apart what NVIDIA's tools keep apart (DCGM's CONFIG severity is not its RESET,
+NVSentinel attaches an action to each Xid): a container's missing device file is fixed in its configuration, never by
+a GPU reset.
+
+The scale, best first: ``ok`` (a warning, the verdict unchanged), ``restart_app`` (the GPU works; an application or a
+setting it left must be dealt with), ``fix_config`` (the node's or container's configuration or driver services: no
+reset or reboot fixes it, and none is needed), ``reset_gpu``, ``reboot``, ``drain`` (keep the node out of service).
+``verdict`` is ``READING`` where the reading itself carries it (an Xid's bucket in the catalog, the driver's recovery
+action), and ``NONE`` for a memory diagnosis, which makes its GPU not clean without being a health finding.
+
+``guide_clean_slate.rst`` ("What fixes each finding") shows this table; a unit test holds the two, and every finding
+the code names, to one another.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+# The verdicts (the scale is :data:`._health.VERDICTS`; a unit test holds these names to it).
+OK = "ok"
+RESTART_APP = "restart_app"
+FIX_CONFIG = "fix_config"
+RESET_GPU = "reset_gpu"
+REBOOT = "reboot"
+DRAIN = "drain"
+#: The verdict comes with the reading (an Xid's catalog bucket, the driver's recovery action).
+READING = "reading"
+#: A memory diagnosis: the GPU is not clean; not a health finding.
+NONE = ""
+
+# Where the fix is made.
+PROCESS = "process"  # a process or service on the node or in the container
+APP = "application"  # the next start, or the settings the last job left
+CONFIG = "configuration"  # the node's or container's configuration, packages or driver services
+GPU = "gpu"  # the GPU itself: a reset
+NODE = "node"  # the node: a reboot
+SERVICE = "service"  # hardware service: field diagnosis, RMA, mechanics
+NOTHING = "nothing"  # a warning, or what cannot be judged
+
+
+class Finding(t.NamedTuple):
+    """One finding: its verdict, where it is fixed, and the fix in one sentence."""
+
+    verdict: str
+    where: str
+    fix: str
+
+
+FINDINGS: dict[str, Finding] = {
+    # ------------------------------------------------------------------ memory diagnoses (gpus[].diagnosis)
+    "busy": Finding(NONE, PROCESS, "End the processes that hold it (the kill phase, gpuops.clean_slate.gpu_procs_kill) or stop the service that owns them."),
+    "held_by_protected": Finding(
+        NONE,
+        PROCESS,
+        "Stop the protected daemon through its service (systemctl stop nvidia-dcgm, ...), or take it off the protect list"
+        " (clean_slate_unprotect) if it must go with the job.",
+    ),
+    "held_outside_namespace": Finding(
+        NONE, PROCESS, "Clean where the holders live: on the Proxmox node with containers: [<vmid>], or inside the container that owns them."
+    ),
+    "orphaned_context": Finding(RESET_GPU, GPU, "No process holds the memory: reset the GPU (see the reset plan), or reboot the node."),
+    "needs_reset": Finding(RESET_GPU, GPU, "The driver asks for recovery before the GPU is used again: reset the GPU (see the reset plan), or reboot if it asks for a reboot."),
+    "unsupported": Finding(NONE, NOTHING, "This GPU does not report its memory use (unified-memory platforms such as GB10): it cannot be verified by memory."),
+    "unresponsive": Finding(RESET_GPU, GPU, "The driver timed out answering: check dmesg for Xid errors; reset the GPU or reboot the node."),
+    "gpu_lost": Finding(REBOOT, NODE, "The GPU fell off the bus (Xid 79): drain the node and reboot or power-cycle it."),
+    "driver_hung": Finding(REBOOT, NODE, "An NVML call never returned (the driver is hung): drain the node and reboot it."),
+    # ------------------------------------------------------------------ the kill
+    "unkillable": Finding(REBOOT, NODE, "A process is stuck in the kernel (usually the driver) and SIGKILL cannot end it: drain the node and reboot it."),
+    "holders_remain": Finding(NONE, PROCESS, "Something keeps starting GPU processes: stop its service first (clean_slate_pre_stop_commands), then run again."),
+    # ------------------------------------------------------------------ health readings (gpu_mem_verify's health)
+    "xid": Finding(READING, READING, "What NVIDIA's Xid catalog gives the Xid (its resolution bucket): restart the application, reset the GPU, reboot, or service."),
+    "recovery_action": Finding(READING, READING, "What the driver's recovery action asks for: a GPU reset, a reboot, or draining peer-to-peer traffic."),
+    "row_remap_failure": Finding(DRAIN, SERVICE, "A row remapping failed: the memory cannot be repaired in the field; drain the node for NVIDIA's field diagnosis (RMA)."),
+    "row_remap_pending": Finding(RESET_GPU, GPU, "A row remapping is pending: it takes effect at the next GPU reset; reset the GPU."),
+    "page_retirement_pending": Finding(RESET_GPU, GPU, "A page retirement is pending: it takes effect at the next GPU reset; reset the GPU."),
+    "ecc_volatile": Finding(RESTART_APP, APP, "Uncorrectable ECC errors since the driver loaded: the application that met them must restart (the next start is that restart)."),
+    "fabric_incomplete": Finding(
+        FIX_CONFIG, CONFIG, "The NVLink fabric is not up: start nvidia-fabricmanager (systemctl start nvidia-fabricmanager) and wait until it completes."
+    ),
+    "fabric_error": Finding(RESET_GPU, GPU, "The NVLink fabric setup completed with an error: reset the GPUs of the fabric together (see the reset plan), or reboot."),
+    "fabricmanager_not_running": Finding(FIX_CONFIG, CONFIG, "nvidia-fabricmanager is not running where the GPUs have a fabric to bring up: start it and enable it at boot."),
+    "compute_mode": Finding(RESTART_APP, APP, "Put the compute mode back to default (clean_slate_restore: {compute_mode: default})."),
+    "mps_daemon": Finding(RESTART_APP, APP, "Stop the MPS daemon left behind (clean_slate_restore: {mps: stopped})."),
+    "mig_pending": Finding(RESET_GPU, GPU, "A MIG mode change is pending: it takes effect at the next GPU reset; reset the GPU."),
+    # ------------------------------------------------------------------ the CUDA start (gpus[].startable.reason)
+    "uvm_missing": Finding(
+        FIX_CONFIG,
+        CONFIG,
+        "Make /dev/nvidia-uvm the nvidia-uvm device where the start runs: load the module on the node (nvidia-modprobe -u -c=0); in an LXC"
+        " container pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools through with the major /proc/devices gives nvidia-uvm (it is dynamic),"
+        " then restart the container.",
+    ),
+    "device_missing": Finding(
+        FIX_CONFIG,
+        CONFIG,
+        "Give the start the GPU's own device file: pass /dev/nvidia<minor> and /dev/nvidiactl into the container (the node's major and minor,"
+        " allowed by its device rules), or load the driver on the node.",
+    ),
+    "no_libcuda": Finding(
+        FIX_CONFIG, CONFIG, "Install the driver's user-space libraries (libcuda.so.1) of the kernel module's version where the start runs (in a container: the node's)."
+    ),
+    "cuda_busy": Finding(
+        RESTART_APP, APP, "End the process that holds a context where it runs (the node, or the container that owns it), or put the compute mode back to default."
+    ),
+    "cuda_oom": Finding(RESET_GPU, GPU, "Memory no process explains cannot be allocated: reset the GPU (see the reset plan) or reboot."),
+    "ecc_uncorrectable": Finding(RESET_GPU, GPU, "An uncorrectable ECC error the GPU has not been reset from: reset it; if it recurs, drain the node for field diagnosis."),
+    "fabric_not_ready": Finding(
+        FIX_CONFIG, CONFIG, "The NVLink fabric is not up: start nvidia-fabricmanager (systemctl start nvidia-fabricmanager), wait for it to complete, run again."
+    ),
+    "cuda_hung": Finding(REBOOT, NODE, "A CUDA start hangs in the driver (often in UVM): check dmesg for Xid errors, drain the node and reboot it."),
+    "cuda_error": Finding(RESET_GPU, GPU, "Check dmesg for Xid errors; reset the GPU (see the reset plan) or reboot the node."),
+    "cuda_residue": Finding(RESET_GPU, GPU, "The probe's own context stayed on the GPU after its helper ended: check dmesg; reset the GPU or reboot."),
+    "cuda_unproven": Finding(
+        FIX_CONFIG,
+        CONFIG,
+        "Let the start run inside the container: install python3 there and check pct; or clean it from inside (its own SSH), or set"
+        " clean_slate_cuda_probe: false to accept NVML's word.",
+    ),
+    # ------------------------------------------------------------------ the software checks (DCGM level 1)
+    "uvm_tools_missing": Finding(OK, NOTHING, "CUDA starts; pass /dev/nvidia-uvm-tools through only if profilers and debuggers (CUPTI, Nsight, cuda-gdb) must run."),
+    "caps_missing": Finding(FIX_CONFIG, CONFIG, "MIG is on and CUDA needs the MIG capability devices: pass /dev/nvidia-caps through."),
+    "device_count": Finding(OK, NOTHING, "Check that every GPU the next server uses has its device file here (DCGM's device count check)."),
+    "persistence_off": Finding(OK, NOTHING, "Run nvidia-persistenced, so that a start does not re-initialise the GPU (seconds)."),
+    "cuda_env": Finding(
+        FIX_CONFIG, CONFIG, "Remove the variable where it is set: CUDA programs started with it load a profiler or debugger hook, or dump core and wait."
+    ),
+    "inforom_corrupt": Finding(DRAIN, SERVICE, "The infoROM is corrupted: its ECC and retirement records cannot be trusted; drain the node and have it reflashed (NVIDIA support)."),
+    "devices_unchecked": Finding(OK, NOTHING, "The container's device files were not checked: let the check run inside it (python3 there), or check them by hand."),
+}
+
+#: The Xid catalog's buckets (:data:`._xids.BUCKETS`) on the scale, for ``xid`` findings.
+XID_BUCKETS = {
+    "IGNORE": OK,
+    "RESTART_APP": RESTART_APP,
+    "RESET_GPU": RESET_GPU,
+    "RESTART_BM": REBOOT,
+    "CONTACT_SUPPORT": DRAIN,
+    "CHECK_MECHANICALS": DRAIN,
+    "DRAIN_P2P": DRAIN,
+    "UNKNOWN": RESET_GPU,
+}
