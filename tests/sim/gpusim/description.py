@@ -57,9 +57,40 @@ class GpuSpec:
     #: with CUDA_ERROR_ECC_UNCORRECTABLE (214), while NVML still lists the GPU.
     ecc_uncontained: int = 0
     inforom_corrupt: int = 0  #: nvmlDeviceValidateInforom answers NVML_ERROR_CORRUPTED_INFOROM
+    # Links, clocks and temperature (issue 39). None: what the model has (model_links()).
+    nvlinks: int | None = None  #: NVLink links (0: none, every NVLink call NOT_SUPPORTED)
+    nvlink_version: int | None = None  #: nvmlNvlinkVersion_t (6: NVLink 4.0, Hopper; 7: 5.0, Blackwell)
+    nvlink_remote: int = 2  #: nvmlIntNvLinkDeviceType_t of the links' far end: 2, the baseboard's NVSwitches
+    nvlink_down: list[int] = field(default_factory=list)  #: inactive links
+    #: NVLink error counters since the driver loaded: counter ("replay", "recovery", "crc_flit", "crc_data") -> {link: n}
+    nvlink_errors: dict[str, dict[int, int]] = field(default_factory=dict)
+    pcie_gen_gpu_max: int | None = None  #: what the GPU supports
+    pcie_gen_max: int | None = None  #: what the GPU and its slot allow (None: the GPU's)
+    pcie_gen: int | None = None  #: what the link trained at, read while the GPU is busy (None: the maximum)
+    pcie_gen_idle: int | None = None  #: what an idle GPU lowers its link to (0: it does not; None: the model's habit)
+    pcie_width_max: int = 16
+    pcie_width: int | None = None  #: what the link trained at (None: the maximum)
+    clocks_event_reasons: int = 0  #: nvmlClocksEventReason* bits besides GpuIdle (which the library adds while idle)
+    temperature: int = 44  #: the die's, C (an idle H200: 44 C)
+    temp_limit: int = 87  #: T.Limit, the maximum operating temperature (the H200's margin read 43 C at 44 C)
 
     def feature_list(self) -> list[str]:
         return list(self.features) if self.features is not None else model_features(self.name)
+
+    def links(self) -> dict[str, int]:
+        """The link fields with the model's defaults filled in."""
+        model = model_links(self.name)
+        gen_gpu = self.pcie_gen_gpu_max if self.pcie_gen_gpu_max is not None else model["pcie_gen"]
+        gen_max = self.pcie_gen_max if self.pcie_gen_max is not None else gen_gpu
+        return {
+            "nvlinks": self.nvlinks if self.nvlinks is not None else model["nvlinks"],
+            "nvlink_version": self.nvlink_version if self.nvlink_version is not None else model["nvlink_version"],
+            "pcie_gen_gpu_max": gen_gpu,
+            "pcie_gen_max": gen_max,
+            "pcie_gen": self.pcie_gen if self.pcie_gen is not None else gen_max,
+            "pcie_gen_idle": self.pcie_gen_idle if self.pcie_gen_idle is not None else model["pcie_gen_idle"],
+            "pcie_width": self.pcie_width if self.pcie_width is not None else self.pcie_width_max,
+        }
 
 
 #: Health fields of GpuSpec that Node.set_health() changes, and their node.conf keys (the same names).
@@ -80,6 +111,43 @@ HEALTH_FIELDS = (
     "inforom_corrupt",
 )
 FEATURES = ("ecc", "remap", "retired", "fabric", "mig")
+#: Link fields of GpuSpec that Node.set_links() changes (node.conf keys of the same names).
+LINK_FIELDS = (
+    "nvlinks",
+    "nvlink_version",
+    "nvlink_remote",
+    "nvlink_down",
+    "nvlink_errors",
+    "pcie_gen_gpu_max",
+    "pcie_gen_max",
+    "pcie_gen",
+    "pcie_gen_idle",
+    "pcie_width_max",
+    "pcie_width",
+    "clocks_event_reasons",
+    "temperature",
+    "temp_limit",
+)
+NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
+
+
+def model_links(name: str) -> dict[str, int]:
+    """What a GPU model's links are (NVIDIA's data sheets): the SXM modules of an HGX baseboard have 18 NVLink links
+    to its NVSwitches (H100/H200: NVLink 4, 25 GB/s a link and direction; B200: NVLink 5, 50 GB/s), an A100 SXM 12
+    (NVLink 3), a V100 SXM 6 (NVLink 2); PCIe cards (RTX, L40S, the PCIe H100 without its bridge) none. PCIe 5 from
+    Hopper and Blackwell on, 4 for Ampere, 3 before. A data-centre module keeps its link's generation at idle (the
+    H200 read Gen5 idle, docs/results/nvidia-smi-q-h200x1-2026-12-01.txt); a workstation or consumer card lowers it
+    to Gen1 while idle."""
+    if any(m in name for m in ("B200", "B100", "GB200", "B300")):
+        return {"nvlinks": 18, "nvlink_version": 7, "pcie_gen": 5, "pcie_gen_idle": 0}
+    if any(m in name for m in ("H100", "H200", "H800", "GH200")) and "PCIe" not in name and "NVL" not in name:
+        return {"nvlinks": 18, "nvlink_version": 6, "pcie_gen": 5, "pcie_gen_idle": 0}
+    if any(m in name for m in ("A100", "A800")) and "PCIe" not in name:
+        return {"nvlinks": 12, "nvlink_version": 4, "pcie_gen": 4, "pcie_gen_idle": 0}
+    if "V100" in name and "PCIe" not in name:
+        return {"nvlinks": 6, "nvlink_version": 2, "pcie_gen": 3, "pcie_gen_idle": 0}
+    gen = 5 if any(m in name for m in ("Blackwell", "H100", "H200", "L40", "RTX PRO", "5090", "Ada")) else 4
+    return {"nvlinks": 0, "nvlink_version": 0, "pcie_gen": gen, "pcie_gen_idle": 1}
 
 
 def model_features(name: str) -> list[str]:
@@ -122,6 +190,11 @@ class Faults:
     #: GPU -> MiB the driver cannot hand out although NVML does not count them as used: CUDA allocates
     #: (and cuMemGetInfo reports) that much less than NVML's free
     hidden: dict[int, int] = field(default_factory=dict)
+    # Peers (issue 39): pairs (a, b) of GPU indexes, either order.
+    p2p_unsupported: list[tuple[int, int]] = field(default_factory=list)  #: no peer access (CanAccessPeer 0, Enable 217)
+    p2p_corrupt: list[tuple[int, int]] = field(default_factory=list)  #: a peer copy's bytes arrive changed
+    p2p_hang: list[tuple[int, int]] = field(default_factory=list)  #: a peer copy never completes
+    p2p_gbps: dict[tuple[int, int], float] = field(default_factory=dict)  #: what a copy between them moves per second
 
     def recovery(self, gpu: int) -> int:
         """Effective recovery action: explicit, else NONE (0).
@@ -233,6 +306,17 @@ class Description:
                 f"{p}recovery_action={f.recovery(g.index)}",
                 f"{p}features={','.join(g.feature_list())}",
                 *(f"{p}{k}={-1 if k == 'mig_pending' and getattr(g, k) is None else getattr(g, k)}" for k in HEALTH_FIELDS),
+                *(f"{p}{k}={v}" for k, v in g.links().items()),
+                f"{p}nvlink_remote={g.nvlink_remote}",
+                f"{p}nvlink_down={','.join(str(i) for i in sorted(g.nvlink_down))}",
+                *(
+                    f"{p}nvlink_{c}={','.join(f'{link}:{n}' for link, n in sorted(g.nvlink_errors.get(c, {}).items()))}"
+                    for c in NVLINK_COUNTERS
+                ),
+                f"{p}pcie_width_max={g.pcie_width_max}",
+                f"{p}clocks_event_reasons=0x{g.clocks_event_reasons:X}",
+                f"{p}temperature={g.temperature}",
+                f"{p}temp_limit={g.temp_limit}",
             ]
         lines += [
             f"fault.library_absent={int(f.library_absent)}",
@@ -249,6 +333,10 @@ class Description:
             f"fault.recovery_explicit={','.join(f'{k}:{v}' for k, v in sorted(f.recovery_action.items()))}",
             f"fault.phantom_pids={','.join(f'{g}:{p}' for g, pids in sorted(f.phantom_pids.items()) for p in pids)}",
             f"fault.cuda_absent={int(f.cuda_absent)}",
+            f"p2p.unsupported={_pairs(f.p2p_unsupported)}",
+            f"p2p.corrupt={_pairs(f.p2p_corrupt)}",
+            f"p2p.hang={_pairs(f.p2p_hang)}",
+            f"p2p.gbps={','.join(f'{a}-{b}:{g:g}' for (a, b), g in sorted(f.p2p_gbps.items()))}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -274,6 +362,10 @@ class Description:
             hang_gpus=[int(x) for x in _split(kv.get("fault.hang_gpus", ""))],
             recovery_action={int(k): int(v) for k, v in (p.split(":") for p in _split(kv.get("fault.recovery_explicit", "")))},
             cuda_absent=kv.get("fault.cuda_absent", "0") == "1",
+            p2p_unsupported=_parse_pairs(kv.get("p2p.unsupported", "")),
+            p2p_corrupt=_parse_pairs(kv.get("p2p.corrupt", "")),
+            p2p_hang=_parse_pairs(kv.get("p2p.hang", "")),
+            p2p_gbps={pair: float(g) for pair, g in ((_parse_pairs(x.split(":")[0])[0], x.split(":")[1]) for x in _split(kv.get("p2p.gbps", "")))},
         )
         for pair in _split(kv.get("fault.phantom_pids", "")):
             g, p = pair.split(":")
@@ -295,6 +387,13 @@ class Description:
                     pci_subsystem_id=int(kv.get(p + "pci_subsystem_id", str(H200_PCI_SUBSYSTEM_ID)), 0),
                     features=_split(kv[p + "features"]) if p + "features" in kv else None,
                     **{k: int(kv[p + k]) for k in HEALTH_FIELDS if p + k in kv},
+                    **{k: int(kv[p + k], 0) for k in LINK_FIELDS if p + k in kv and k not in ("nvlink_down", "nvlink_errors")},
+                    nvlink_down=[int(x) for x in _split(kv.get(p + "nvlink_down", ""))],
+                    nvlink_errors={
+                        c: {int(a): int(b) for a, b in (x.split(":") for x in _split(kv.get(f"{p}nvlink_{c}", "")))}
+                        for c in NVLINK_COUNTERS
+                        if kv.get(f"{p}nvlink_{c}")
+                    },
                 )
             )
             if gpus[-1].mig_pending == -1:
@@ -358,3 +457,15 @@ def bus_number(index: int) -> int:
 
 def _split(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _pairs(pairs: list[tuple[int, int]]) -> str:
+    return ",".join(f"{a}-{b}" for a, b in sorted(pairs))
+
+
+def _parse_pairs(s: str) -> list[tuple[int, int]]:
+    out = []
+    for x in _split(s):
+        a, b = x.split("-")
+        out.append((int(a), int(b)))
+    return out

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import paths
-from .description import CONTEXT_OVERHEAD_MIB, FEATURES, HEALTH_FIELDS, PROCESS_APIS, Description, Faults, GpuSpec
+from .description import CONTEXT_OVERHEAD_MIB, FEATURES, HEALTH_FIELDS, LINK_FIELDS, NVLINK_COUNTERS, PROCESS_APIS, Description, Faults, GpuSpec
 from .procfs import PidHandle, ancestors, children, daemon_running, find_in_namespace, holders
 from .procfs import state as proc_state
 from .state import counted_contexts, memory
@@ -634,6 +634,10 @@ class Node:
         libcuda.so.1 and keeps NVML); hidden={gpu: mib} (memory CUDA cannot allocate although NVML does not count
         it as used; merged, 0 / None removes); phantom_pids={gpu: [pid, ...]}
         (the compute list also reports these pids, holding 0 bytes, as a skewed driver/binding does).
+        Peers (issue 39), pairs of GPU indexes in either order: p2p_unsupported=[(0, 1)] (no peer access: CUDA's
+        cuDeviceCanAccessPeer 0, cuCtxEnablePeerAccess 217, NVML's P2P status CHIPSET_NOT_SUPPORTED), p2p_corrupt=[...]
+        (a copy over the peer path arrives with changed bytes), p2p_hang=[...] (a peer copy never completes),
+        p2p_gbps={(0, 1): 12.5} (what a copy between them moves per second).
         None resets a fault.
         """
         f = self.desc.faults
@@ -678,9 +682,14 @@ class Node:
                 f.process_api = api
             elif key in ("legacy_pids", "memory_v2_unsupported", "memory_na", "library_absent", "cuda_absent"):
                 setattr(f, key, bool(value))
+            elif key in ("p2p_unsupported", "p2p_corrupt", "p2p_hang"):
+                setattr(f, key, [] if value is None else sorted({tuple(sorted((int(a), int(b)))) for a, b in value}))
+            elif key == "p2p_gbps":
+                f.p2p_gbps = {} if value is None else {tuple(sorted((int(a), int(b)))): float(g) for (a, b), g in dict(value).items()}
             else:
                 raise TypeError(f"unknown fault {key!r}")
-        for gpu in list(f.lost) + list(f.orphan) + list(f.hidden) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.hang_gpus) + list(f.phantom_pids):
+        pairs = [g for pair in (*f.p2p_unsupported, *f.p2p_corrupt, *f.p2p_hang, *f.p2p_gbps) for g in pair]
+        for gpu in pairs + list(f.lost) + list(f.orphan) + list(f.hidden) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.hang_gpus) + list(f.phantom_pids):
             if not 0 <= gpu < len(self.desc.gpus):
                 raise ValueError(f"no GPU {gpu} on this node")
         self.desc.write(self.state_dir)
@@ -737,6 +746,30 @@ class Node:
                     setattr(spec, key, int(value))
                 else:
                     raise TypeError(f"unknown health field {key!r}")
+        self.desc.write(self.state_dir)
+
+    def set_links(self, gpus: list[int] | int, **kw: Any) -> None:
+        """Change what NVML reports about these GPUs' links, clocks and temperature (issue 39): nvlinks (how many; 0:
+        none), nvlink_version, nvlink_remote, nvlink_down (inactive links), nvlink_errors ({"replay"|"recovery"|
+        "crc_flit"|"crc_data": {link: count}}), pcie_gen_gpu_max, pcie_gen_max (the GPU's and the slot's), pcie_gen
+        (what the link trained at, read while busy), pcie_gen_idle (what an idle GPU lowers it to; 0: never),
+        pcie_width_max, pcie_width, clocks_event_reasons (nvmlClocksEventReason bits, or names: "hw_slowdown",
+        "sw_thermal", "hw_thermal", "hw_power_brake", "sw_power_cap"), temperature, temp_limit. None: the model's."""
+        bits = {"sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80}
+        for g in [gpus] if isinstance(gpus, int) else gpus:
+            spec = self.desc.gpus[int(g)]
+            for key, value in kw.items():
+                if key not in LINK_FIELDS:
+                    raise TypeError(f"unknown link field {key!r}")
+                if key == "nvlink_down":
+                    value = sorted({int(i) for i in value or []})
+                elif key == "nvlink_errors":
+                    if value and not set(value) <= set(NVLINK_COUNTERS):
+                        raise ValueError(f"nvlink_errors counters must be among {NVLINK_COUNTERS}")
+                    value = {c: {int(link): int(n) for link, n in links.items()} for c, links in (value or {}).items()}
+                elif key == "clocks_event_reasons" and not isinstance(value, int):
+                    value = sum(bits[name] for name in value or [])
+                setattr(spec, key, value)
         self.desc.write(self.state_dir)
 
     def ecc_error(self, gpu: int, contained: bool = False) -> str:

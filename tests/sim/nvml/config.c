@@ -56,6 +56,43 @@ static void parse_bus_id(sim_gpu_t *g, const char *s)
     snprintf(g->bus_id, sizeof g->bus_id, NVML_DEVICE_PCI_BUS_ID_FMT, g->domain, g->bus, g->dev);
 }
 
+/* "3,7" -> bits 3 and 7. */
+static unsigned long long parse_links(const char *s)
+{
+    unsigned long long bits = 0;
+    while (*s) {
+        char *end;
+        unsigned long i = strtoul(s, &end, 10);
+        if (end == s) {
+            s++;
+            continue;
+        }
+        if (i < SIM_NVLINK_MAX)
+            bits |= 1ULL << i;
+        s = end;
+    }
+    return bits;
+}
+
+/* "link:count,link:count" -> one NVLink error counter of each link (the others 0). */
+static void parse_link_counts(unsigned long long *out, const char *s)
+{
+    memset(out, 0, sizeof(unsigned long long) * SIM_NVLINK_MAX);
+    while (*s) {
+        char *end;
+        unsigned long link = strtoul(s, &end, 10);
+        if (end == s || *end != ':') {
+            s = *end ? end + 1 : end;
+            continue;
+        }
+        s = end + 1;
+        unsigned long long n = strtoull(s, &end, 10);
+        if (link < SIM_NVLINK_MAX)
+            out[link] = n;
+        s = end;
+    }
+}
+
 static void set_gpu_key(sim_config_t *cfg, unsigned idx, const char *key, const char *val)
 {
     sim_gpu_t *g;
@@ -122,6 +159,40 @@ static void set_gpu_key(sim_config_t *cfg, unsigned idx, const char *key, const 
         g->inforom_corrupt = parse_bool(val);
     else if (strcmp(key, "pci_device_id") == 0)
         g->pci_device_id = (unsigned)parse_ull(val);
+    else if (strcmp(key, "nvlinks") == 0)
+        g->nvlinks = (unsigned)parse_ull(val) > SIM_NVLINK_MAX ? SIM_NVLINK_MAX : (unsigned)parse_ull(val);
+    else if (strcmp(key, "nvlink_version") == 0)
+        g->nvlink_version = (unsigned)parse_ull(val);
+    else if (strcmp(key, "nvlink_remote") == 0)
+        g->nvlink_remote = (unsigned)parse_ull(val);
+    else if (strcmp(key, "nvlink_down") == 0)
+        g->nvlink_down = parse_links(val);
+    else if (strcmp(key, "nvlink_replay") == 0)
+        parse_link_counts(g->nvlink_err[NVML_NVLINK_ERROR_DL_REPLAY], val);
+    else if (strcmp(key, "nvlink_recovery") == 0)
+        parse_link_counts(g->nvlink_err[NVML_NVLINK_ERROR_DL_RECOVERY], val);
+    else if (strcmp(key, "nvlink_crc_flit") == 0)
+        parse_link_counts(g->nvlink_err[NVML_NVLINK_ERROR_DL_CRC_FLIT], val);
+    else if (strcmp(key, "nvlink_crc_data") == 0)
+        parse_link_counts(g->nvlink_err[NVML_NVLINK_ERROR_DL_CRC_DATA], val);
+    else if (strcmp(key, "pcie_gen_gpu_max") == 0)
+        g->pcie_gen_gpu_max = (unsigned)parse_ull(val);
+    else if (strcmp(key, "pcie_gen_max") == 0)
+        g->pcie_gen_max = (unsigned)parse_ull(val);
+    else if (strcmp(key, "pcie_gen") == 0)
+        g->pcie_gen = (unsigned)parse_ull(val);
+    else if (strcmp(key, "pcie_gen_idle") == 0)
+        g->pcie_gen_idle = (unsigned)parse_ull(val);
+    else if (strcmp(key, "pcie_width_max") == 0)
+        g->pcie_width_max = (unsigned)parse_ull(val);
+    else if (strcmp(key, "pcie_width") == 0)
+        g->pcie_width = (unsigned)parse_ull(val);
+    else if (strcmp(key, "clocks_event_reasons") == 0)
+        g->clocks_event_reasons = parse_ull(val);
+    else if (strcmp(key, "temperature") == 0)
+        g->temperature = (unsigned)parse_ull(val);
+    else if (strcmp(key, "temp_limit") == 0)
+        g->temp_limit = (unsigned)parse_ull(val);
     else if (strcmp(key, "pci_subsystem_id") == 0)
         g->pci_subsystem_id = (unsigned)parse_ull(val);
 }
@@ -197,6 +268,8 @@ static void set_key(sim_config_t *cfg, const char *key, const char *val)
             snprintf(cfg->hang_functions, sizeof cfg->hang_functions, ",%s,", val);
     } else if (strcmp(key, "fault.hang_gpus") == 0) {
         set_fault_gpus(cfg, val, 1);
+    } else if (strcmp(key, "p2p.unsupported") == 0) {
+        copy_str(cfg->p2p_unsupported, sizeof cfg->p2p_unsupported, val);
     } else if (strcmp(key, "fault.timeout_delay_ms") == 0) {
         cfg->timeout_delay_ms = (int)parse_ull(val);
     }
@@ -250,6 +323,14 @@ int sim_config_load(const char *state_dir, sim_config_t *cfg)
         cfg->gpus[i].persistence = 1;
         cfg->gpus[i].mig_pending = (unsigned)-1;
         cfg->gpus[i].fabric_state = NVML_GPU_FABRIC_STATE_COMPLETED;
+        /* ... with 18 NVLink 4 links to the baseboard's NVSwitches, in a PCIe 5 x16 slot, idle at 44 C. */
+        cfg->gpus[i].nvlinks = 18;
+        cfg->gpus[i].nvlink_version = NVML_NVLINK_VERSION_4_0;
+        cfg->gpus[i].nvlink_remote = NVML_NVLINK_DEVICE_TYPE_SWITCH;
+        cfg->gpus[i].pcie_gen_gpu_max = cfg->gpus[i].pcie_gen_max = cfg->gpus[i].pcie_gen = 5;
+        cfg->gpus[i].pcie_width_max = cfg->gpus[i].pcie_width = 16;
+        cfg->gpus[i].temperature = 44;
+        cfg->gpus[i].temp_limit = 87;
     }
     cfg->process_api = 3;
     cfg->cuda_driver_version = 13000;

@@ -23,6 +23,16 @@
  *   any entry point named by the node's hang fault (fault.hang_functions, for a GPU of fault.hang_gpus)
  *     never returns: a UVM-wedged GPU.
  *
+ * Peers (issue 39): cuDeviceCanAccessPeer, cuCtxEnablePeerAccess / cuCtxDisablePeerAccess (217 PEER_ACCESS_UNSUPPORTED,
+ * 704 ALREADY_ENABLED, 705 NOT_ENABLED), cuMemcpyPeer(Async), cuMemcpyHtoD / DtoH and events. An allocation of up to
+ * 1 GiB is backed by host memory, so that a copy really moves its bytes and a test reads back what it wrote; a bigger
+ * one (the start's 90 %) is bookkeeping only. A copy between two GPUs takes the time its bytes need at the pair's
+ * bandwidth: over NVLink (both GPUs' active links to the NVSwitch fabric, 25 GB/s each for NVLink 4) or PCIe (the
+ * narrower link of the two, at the generation it trained at) when peer access is enabled, at 80 % of the link's
+ * nominal rate as measured copies reach; staged through host memory (40 % of the PCIe rate) when it is not. The node
+ * can say otherwise per pair: p2p.unsupported (no peer access: CanAccessPeer 0, Enable 217), p2p.corrupt (the
+ * copy's bytes arrive changed), p2p.hang (the copy never completes: SIGKILL ends the process), p2p.gbps (the rate).
+ *
  * CUDA_VISIBLE_DEVICES is honoured (indexes, UUIDs, unique UUID prefixes; the list ends at the first
  * entry that matches nothing, an empty value hides every GPU), in NVML's order (PCI bus order). A
  * process forked after cuInit gets CUDA_ERROR_NOT_INITIALIZED (3) from every call, as CUDA is not
@@ -43,6 +53,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +62,8 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef struct CUctx_st *CUcontext;
 typedef unsigned long long CUdeviceptr;
+typedef struct CUevent_st *CUevent;
+typedef struct CUstream_st *CUstream;
 typedef struct {
     char bytes[16];
 } CUuuid;
@@ -65,6 +79,11 @@ enum {
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_ECC_UNCORRECTABLE = 214,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
     CUDA_ERROR_SYSTEM_NOT_READY = 802,
     CUDA_ERROR_UNKNOWN = 999,
 };
@@ -73,6 +92,8 @@ enum {
 #define MAX_ALLOCS 256
 #define CONTEXT_MIB 518ULL /* what NVML charges a bare primary context; + 9 MiB of overhead = 527 device-wide */
 #define GRANULE_MIB 2ULL   /* allocations come in 2 MiB pages */
+#define BACKED_MAX_MIB 1024ULL /* allocations up to this size hold their bytes in host memory */
+#define MAX_EVENTS 256
 
 struct gpu {
     unsigned index; /* NVML index */
@@ -90,6 +111,13 @@ struct CUctx_st {
     int teardown_fd;
 };
 
+struct CUevent_st {
+    int used;
+    int device;    /* the context it belongs to */
+    int timing;    /* not created with CU_EVENT_DISABLE_TIMING */
+    long long ns;  /* when it was recorded (every operation here completes before the call returns); 0: never */
+};
+
 static struct {
     int initialised;
     int forked; /* a child forked after cuInit: CUDA is not fork-safe */
@@ -101,8 +129,15 @@ static struct {
         CUdeviceptr ptr;
         unsigned long long mib;
         int device;
+        unsigned char *bytes; /* host memory standing for it (allocations up to BACKED_MAX_MIB), else NULL */
     } allocs[MAX_ALLOCS];
     CUdeviceptr next_ptr;
+    unsigned char peer[MAX_GPUS][MAX_GPUS]; /* peer[a][b]: a's context may access b's memory */
+    /* The copy engines' clock: the time the copies made so far take at their pairs' rates. Events read it, so that
+     * the time between two of them is the device's work between them; the host's time to issue that work (a few
+     * microseconds a call on a real GPU, and the simulation's own memmove) is not in it. */
+    long long device_ns;
+    struct CUevent_st events[MAX_EVENTS];
 } cu;
 
 static pthread_mutex_t cu_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -110,26 +145,58 @@ static __thread CUcontext current;
 
 /* ------------------------------------------------------------------ node.conf */
 
+/* node.conf as last read: read again only when it was replaced (gpusim renames a new file in), so that a lookup
+ * costs a stat and a search of memory, as the NVML library's refresh does (a peer copy looks up a dozen keys). */
+static struct {
+    pthread_mutex_t lock;
+    char *text;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+} node_conf = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, {0, 0}};
+
 /* The value of `key` in node.conf into out; 0 when found. */
 static int conf(const char *key, char *out, size_t size)
 {
-    char path[PATH_MAX + 16], line[2304];
+    char path[PATH_MAX + 16];
     size_t klen = strlen(key);
+    struct stat st;
     int found = -1;
-    FILE *f;
     snprintf(path, sizeof path, "%s/node.conf", cu.state);
-    f = fopen(path, "re");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof line, f)) {
+    pthread_mutex_lock(&node_conf.lock);
+    if (stat(path, &st) == 0 && (!node_conf.text || st.st_ino != node_conf.ino || st.st_size != node_conf.size ||
+                                 st.st_mtim.tv_sec != node_conf.mtime.tv_sec || st.st_mtim.tv_nsec != node_conf.mtime.tv_nsec)) {
+        FILE *f = fopen(path, "re");
+        char *text = f ? calloc(1, (size_t)st.st_size + 2) : NULL;
+        if (text && fread(text, 1, (size_t)st.st_size, f) == (size_t)st.st_size) {
+            text[st.st_size] = '\n';
+            free(node_conf.text);
+            node_conf.text = text;
+            node_conf.ino = st.st_ino;
+            node_conf.size = st.st_size;
+            node_conf.mtime = st.st_mtim;
+        } else {
+            free(text);
+        }
+        if (f)
+            fclose(f);
+    }
+    for (const char *line = node_conf.text; line && *line;) {
+        const char *end = strchr(line, '\n');
+        if (!end)
+            break;
         if (strncmp(line, key, klen) == 0 && line[klen] == '=') {
-            snprintf(out, size, "%s", line + klen + 1);
-            out[strcspn(out, "\n")] = '\0';
+            size_t n = (size_t)(end - (line + klen + 1));
+            if (n >= size)
+                n = size - 1;
+            memcpy(out, line + klen + 1, n);
+            out[n] = '\0';
             found = 0;
             break;
         }
+        line = end + 1;
     }
-    fclose(f);
+    pthread_mutex_unlock(&node_conf.lock);
     return found;
 }
 
@@ -215,6 +282,11 @@ static const struct {
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_ECC_UNCORRECTABLE, "CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"},
+    {CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {CUDA_ERROR_SYSTEM_NOT_READY, "CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
@@ -591,7 +663,20 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         *pctx = c;
         return leave(CUDA_SUCCESS);
     }
-    sleep_ms(conf_num("cuda_ctx_ms", 0));
+    /* The time a context takes to make is spent outside the library's lock: a process making contexts on several
+     * GPUs from several threads makes them side by side (an assumption until measured on two or more real GPUs:
+     * tools/gpu/peers.py times it). */
+    {
+        long long ms = conf_num("cuda_ctx_ms", 0);
+        pthread_mutex_unlock(&cu_mutex);
+        sleep_ms(ms);
+        pthread_mutex_lock(&cu_mutex);
+    }
+    if (c->refcount > 0) { /* another thread made it meanwhile */
+        c->refcount++;
+        *pctx = c;
+        return leave(CUDA_SUCCESS);
+    }
     maybe_hang_gpu("cuDevicePrimaryCtxRetain", dev);
     int got = wk_create_context(cu.state, cu.gpus[dev].index, CONTEXT_MIB, "compute", err, sizeof err);
     if (got < 0)
@@ -678,6 +763,11 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     cu.allocs[slot].ptr = cu.next_ptr;
     cu.allocs[slot].mib = mib;
     cu.allocs[slot].device = current->device;
+    cu.allocs[slot].bytes = NULL;
+    if (mib <= BACKED_MAX_MIB) {
+        void *m = mmap(NULL, (size_t)(mib << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        cu.allocs[slot].bytes = m == MAP_FAILED ? NULL : m;
+    }
     cu.next_ptr += mib << 20;
     *dptr = cu.allocs[slot].ptr;
     return leave(CUDA_SUCCESS);
@@ -691,11 +781,35 @@ static int find_alloc(CUdeviceptr ptr)
     return -1;
 }
 
+static void drop_alloc(int i)
+{
+    if (cu.allocs[i].bytes)
+        munmap(cu.allocs[i].bytes, (size_t)(cu.allocs[i].mib << 20));
+    cu.allocs[i].bytes = NULL;
+    cu.allocs[i].ptr = 0;
+}
+
+/* The host memory standing for [ptr, ptr + n) of one allocation: NULL when it is not one allocation's (the caller
+ * says INVALID_VALUE), *unbacked set when the allocation keeps no bytes (a large one: bookkeeping only). */
+static unsigned char *bytes_of(CUdeviceptr ptr, size_t n, int *device, int *unbacked)
+{
+    int i = find_alloc(ptr);
+    *unbacked = 0;
+    if (i < 0 || ptr + n > cu.allocs[i].ptr + (cu.allocs[i].mib << 20))
+        return NULL;
+    if (device)
+        *device = cu.allocs[i].device;
+    if (!cu.allocs[i].bytes) {
+        *unbacked = 1;
+        return (unsigned char *)1; /* not dereferenced */
+    }
+    return cu.allocs[i].bytes + (ptr - cu.allocs[i].ptr);
+}
+
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
     int i;
     CUresult rc = need_context();
-    (void)uc;
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&cu_mutex);
@@ -703,6 +817,8 @@ CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
     if (i < 0 || dstDevice + N > cu.allocs[i].ptr + (cu.allocs[i].mib << 20))
         return leave(CUDA_ERROR_INVALID_VALUE);
     maybe_hang_gpu("cuMemsetD8_v2", current->device);
+    if (cu.allocs[i].bytes)
+        memset(cu.allocs[i].bytes + (dstDevice - cu.allocs[i].ptr), uc, N);
     return leave(CUDA_SUCCESS);
 }
 
@@ -729,7 +845,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
         return leave(CUDA_ERROR_INVALID_VALUE);
     snprintf(request, sizeof request, "free %d %llu", cu.ctx[cu.allocs[i].device].id, cu.allocs[i].mib);
     wk_request(cu.state, request, reply, sizeof reply, err, sizeof err);
-    cu.allocs[i].ptr = 0;
+    drop_alloc(i);
     return leave(CUDA_SUCCESS);
 }
 
@@ -738,7 +854,8 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     char request[64], reply[128], err[256], devname[32];
     struct CUctx_st *c;
     struct flock fl;
-    int fd;
+    int fd, id, teardown_fd;
+    long long wait_ms = 0;
     CUresult rc = check_device(dev);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -751,34 +868,375 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     maybe_hang_gpu("cuDevicePrimaryCtxRelease", dev);
     for (int i = 0; i < MAX_ALLOCS; i++)
         if (cu.allocs[i].ptr && cu.allocs[i].device == dev)
-            cu.allocs[i].ptr = 0; /* the release frees what is left with the context */
+            drop_alloc(i); /* the release frees what is left with the context */
+    for (int i = 0; i < MAX_GPUS; i++)
+        cu.peer[dev][i] = cu.peer[i][dev] = 0; /* and the peer access from it and to it */
     /* The driver tears the context down inside the call; NVML reads it gone when the call returns. */
     snprintf(request, sizeof request, "release %d", c->id);
-    if (wk_request(cu.state, request, reply, sizeof reply, err, sizeof err) == 0) {
-        long long wait_ms = 0;
-        if (sscanf(reply, "ok %lld", &wait_ms) == 1)
-            sleep_ms(wait_ms); /* the daemon's teardown of the context, which the call waits for */
-    }
+    if (wk_request(cu.state, request, reply, sizeof reply, err, sizeof err) == 0 && sscanf(reply, "ok %lld", &wait_ms) != 1)
+        wait_ms = 0;
+    id = c->id;
+    teardown_fd = c->teardown_fd;
+    c->teardown_fd = -1;
+    if (current == c)
+        current = NULL;
     snprintf(devname, sizeof devname, "nvidia%u", cu.gpus[dev].minor);
+    pthread_mutex_unlock(&cu_mutex);
+    /* The daemon's teardown of the context, which the call waits for: outside the lock, so that a process releasing
+     * its contexts on several GPUs from several threads releases them side by side. */
+    sleep_ms(wait_ms);
     fd = wk_open_device(cu.state, devname, 0);
     if (fd >= 0) {
         memset(&fl, 0, sizeof fl);
         fl.l_type = F_UNLCK;
         fl.l_whence = SEEK_SET;
-        fl.l_start = c->id;
+        fl.l_start = id;
         fl.l_len = 1;
         fcntl(fd, F_OFD_SETLK, &fl);
     }
-    if (c->teardown_fd >= 0)
-        close(c->teardown_fd);
-    c->teardown_fd = -1;
-    if (current == c)
-        current = NULL;
-    return leave(CUDA_SUCCESS);
+    if (teardown_fd >= 0)
+        close(teardown_fd);
+    return CUDA_SUCCESS;
 }
 
 /* The unversioned symbol the legacy ABI keeps (cuda.h maps the name to _v2). */
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
     return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+/* ------------------------------------------------------------------ peers (issue 39) */
+
+static long long now_ns(void);
+
+static int gpu_index(int device)
+{
+    return (int)cu.gpus[device].index;
+}
+
+/* Is the pair (NVML indexes) named in node.conf's list `key` ("a-b,c-d", either order)? */
+static int pair_in(const char *key, int a, int b)
+{
+    char list[2048], *save = NULL;
+    if (conf(key, list, sizeof list) != 0 || !list[0])
+        return 0;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int x, y;
+        if (sscanf(tok, "%d-%d", &x, &y) == 2 && ((x == a && y == b) || (x == b && y == a)))
+            return 1;
+    }
+    return 0;
+}
+
+/* node.conf's "a-b:gbps" for the pair, else 0. */
+static double pair_gbps(int a, int b)
+{
+    char list[2048], *save = NULL;
+    if (conf("p2p.gbps", list, sizeof list) != 0 || !list[0])
+        return 0;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int x, y;
+        double g;
+        if (sscanf(tok, "%d-%d:%lf", &x, &y, &g) == 3 && ((x == a && y == b) || (x == b && y == a)))
+            return g;
+    }
+    return 0;
+}
+
+static int active_nvlinks(int index)
+{
+    char key[64], down[256];
+    long long n = gpu_num((unsigned)index, "nvlinks", 0);
+    int active = 0;
+    snprintf(key, sizeof key, "gpu.%d.nvlink_down", index);
+    if (conf(key, down, sizeof down) != 0)
+        down[0] = '\0';
+    for (long long l = 0; l < n; l++) {
+        char want[32], wrapped[300];
+        snprintf(want, sizeof want, ",%lld,", l);
+        snprintf(wrapped, sizeof wrapped, ",%s,", down);
+        if (!strstr(wrapped, want))
+            active++;
+    }
+    return gpu_num((unsigned)index, "nvlink_remote", 2) == 2 ? active : 0; /* links to the NVSwitch fabric */
+}
+
+/* GB/s per lane of each PCIe generation, after encoding (1: 2.5 GT/s 8b/10b ... 5: 32 GT/s 128b/130b). */
+static double lane_gbps(long long gen)
+{
+    static const double rate[] = {0, 0.25, 0.5, 0.985, 1.969, 3.938, 7.877};
+    return gen >= 1 && gen <= 6 ? rate[gen] : 0.25;
+}
+
+static double pcie_gbps(int index)
+{
+    return lane_gbps(gpu_num((unsigned)index, "pcie_gen", 5)) * (double)gpu_num((unsigned)index, "pcie_width", 16);
+}
+
+/* What a copy between the two GPUs moves per second, and whether it goes over the peer path. */
+static double copy_rate(int a, int b, int *direct)
+{
+    double over = pair_gbps(a, b), pcie = pcie_gbps(a) < pcie_gbps(b) ? pcie_gbps(a) : pcie_gbps(b);
+    int la = active_nvlinks(a), lb = active_nvlinks(b);
+    *direct = 0;
+    if (a == b)
+        return 1000.0; /* on one GPU: its memory's bandwidth, roughly */
+    if (!pair_in("p2p.unsupported", a, b)) {
+        int da = -1, db = -1;
+        for (int d = 0; d < cu.count; d++) {
+            if (gpu_index(d) == a)
+                da = d;
+            if (gpu_index(d) == b)
+                db = d;
+        }
+        *direct = da >= 0 && db >= 0 && (cu.peer[da][db] || cu.peer[db][da]);
+    }
+    if (over > 0)
+        return over;
+    if (!*direct)
+        return 0.4 * pcie; /* staged through host memory: two PCIe hops */
+    if (la && lb) {
+        long long v = gpu_num((unsigned)a, "nvlink_version", 6);
+        double per_link = v >= 7 ? 50.0 : 25.0; /* NVLink 5: 50 GB/s a link and direction, 2 to 4: 25 */
+        return 0.8 * per_link * (la < lb ? la : lb);
+    }
+    return 0.8 * pcie;
+}
+
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    CUresult rc = check_device(dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((rc = check_device(peerDev)) != CUDA_SUCCESS)
+        return rc;
+    if (!canAccessPeer)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cu_mutex);
+    *canAccessPeer = dev != peerDev && !pair_in("p2p.unsupported", gpu_index(dev), gpu_index(peerDev));
+    return leave(CUDA_SUCCESS);
+}
+
+static int valid_ctx(CUcontext ctx)
+{
+    return ctx && ctx >= cu.ctx && ctx < cu.ctx + MAX_GPUS && ctx->refcount > 0;
+}
+
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cu_mutex);
+    if (!valid_ctx(current) || !valid_ctx(peerContext) || peerContext == current)
+        return leave(CUDA_ERROR_INVALID_CONTEXT);
+    if (pair_in("p2p.unsupported", gpu_index(current->device), gpu_index(peerContext->device)))
+        return leave(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    if (cu.peer[current->device][peerContext->device])
+        return leave(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    cu.peer[current->device][peerContext->device] = 1;
+    return leave(CUDA_SUCCESS);
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&cu_mutex);
+    if (!valid_ctx(current) || !valid_ctx(peerContext))
+        return leave(CUDA_ERROR_INVALID_CONTEXT);
+    if (!cu.peer[current->device][peerContext->device])
+        return leave(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    cu.peer[current->device][peerContext->device] = 0;
+    return leave(CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    unsigned char *dst;
+    int unbacked;
+    CUresult rc = need_context();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!srcHost && ByteCount)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cu_mutex);
+    if (!(dst = bytes_of(dstDevice, ByteCount, NULL, &unbacked)))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    if (!unbacked)
+        memcpy(dst, srcHost, ByteCount);
+    return leave(CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    unsigned char *src;
+    int unbacked;
+    CUresult rc = need_context();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!dstHost && ByteCount)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cu_mutex);
+    if (!(src = bytes_of(srcDevice, ByteCount, NULL, &unbacked)))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    if (!unbacked)
+        memcpy(dstHost, src, ByteCount);
+    return leave(CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+{
+    unsigned char *dst, *src;
+    int dst_dev = -1, src_dev = -1, ub_dst, ub_src, direct, a, b;
+    double gbps;
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&cu_mutex);
+    if (!valid_ctx(dstContext) || !valid_ctx(srcContext))
+        return leave(CUDA_ERROR_INVALID_CONTEXT);
+    dst = bytes_of(dstDevice, ByteCount, &dst_dev, &ub_dst);
+    src = bytes_of(srcDevice, ByteCount, &src_dev, &ub_src);
+    if (!dst || !src || dst_dev != dstContext->device || src_dev != srcContext->device)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    a = gpu_index(src_dev);
+    b = gpu_index(dst_dev);
+    gbps = copy_rate(a, b, &direct);
+    if (a != b && pair_in("p2p.hang", a, b)) {
+        /* A broken peer path: the copy never completes, the thread waits in the driver until SIGKILL. */
+        pthread_mutex_unlock(&cu_mutex);
+        for (;;)
+            pause();
+    }
+    {
+        /* The copy engine's time is the bytes at the pair's rate (d): the device clock advances by d, and the call
+         * takes d of wall time where d is long enough to matter (a real copy is asynchronous, its caller waits for it
+         * in cuEventSynchronize or the next blocking call). */
+        long long began = now_ns(), d_ns = gbps > 0 ? (long long)((double)ByteCount / (gbps * 1e9) * 1e9) : 0, spent;
+        if (!ub_dst && !ub_src) {
+            memmove(dst, src, ByteCount);
+            if (direct && pair_in("p2p.corrupt", a, b))
+                for (size_t i = 0; i < ByteCount; i += 4096)
+                    dst[i] ^= 0x5a; /* what crosses the broken peer path arrives changed */
+        }
+        spent = now_ns() - began;
+        pthread_mutex_unlock(&cu_mutex);
+        if (d_ns >= 200000 && d_ns > spent) {
+            long long left = d_ns - spent;
+            struct timespec ts = {left / 1000000000LL, left % 1000000000LL};
+            while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+        }
+        pthread_mutex_lock(&cu_mutex);
+        cu.device_ns += d_ns;
+        pthread_mutex_unlock(&cu_mutex);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* The stream's work completes in order before the call returns here: the same as cuMemcpyPeer on the null stream. */
+CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount,
+                           CUstream hStream)
+{
+    if (hStream)
+        return CUDA_ERROR_INVALID_HANDLE; /* only the null stream is modelled */
+    return cuMemcpyPeer(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
+}
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int valid_event(CUevent e)
+{
+    return e && e >= cu.events && e < cu.events + MAX_EVENTS && e->used;
+}
+
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    CUresult rc = need_context();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!phEvent || Flags > 0xF)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cu_mutex);
+    for (int i = 0; i < MAX_EVENTS; i++)
+        if (!cu.events[i].used) {
+            cu.events[i].used = 1;
+            cu.events[i].device = current->device;
+            cu.events[i].timing = !(Flags & 0x2); /* CU_EVENT_DISABLE_TIMING */
+            cu.events[i].ns = 0;
+            *phEvent = &cu.events[i];
+            return leave(CUDA_SUCCESS);
+        }
+    return leave(CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    CUresult rc = need_context();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (hStream)
+        return CUDA_ERROR_INVALID_HANDLE; /* only the null stream is modelled */
+    pthread_mutex_lock(&cu_mutex);
+    if (!valid_event(hEvent))
+        return leave(CUDA_ERROR_INVALID_HANDLE);
+    hEvent->ns = cu.device_ns + 1; /* the work before it has completed already (+1: recorded, even before any work) */
+    return leave(CUDA_SUCCESS);
+}
+
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&cu_mutex);
+    if (!valid_event(hEvent))
+        return leave(CUDA_ERROR_INVALID_HANDLE);
+    return leave(CUDA_SUCCESS);
+}
+
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!pMilliseconds)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&cu_mutex);
+    if (!valid_event(hStart) || !valid_event(hEnd) || !hStart->timing || !hEnd->timing || !hStart->ns || !hEnd->ns)
+        return leave(CUDA_ERROR_INVALID_HANDLE);
+    *pMilliseconds = (float)((double)(hEnd->ns - hStart->ns) / 1e6);
+    return leave(CUDA_SUCCESS);
+}
+
+CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&cu_mutex);
+    if (!valid_event(hEvent))
+        return leave(CUDA_ERROR_INVALID_HANDLE);
+    hEvent->used = 0;
+    return leave(CUDA_SUCCESS);
+}
+
+CUresult cuEventDestroy(CUevent hEvent)
+{
+    return cuEventDestroy_v2(hEvent);
+}
+
+/* CUDA 12.8's name for it (cuda.h maps cuEventElapsedTime to it from CUDA 13 on); the old symbol stays for old binaries. */
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    return cuEventElapsedTime(pMilliseconds, hStart, hEnd);
 }

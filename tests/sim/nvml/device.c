@@ -292,6 +292,10 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->value.uiVal = g->recovery_action;
             v->nvmlReturn = NVML_SUCCESS;
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT && g->nvlinks) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->value.uiVal = g->nvlinks;
+            v->nvmlReturn = NVML_SUCCESS;
         } else {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }

@@ -28,6 +28,8 @@
 #define SIM_MAX_GPUS 64
 #define SIM_MAX_LEVELS 32 /* kernel limit for PID namespace nesting is 32 */
 #define SIM_MAX_CTX 1024
+#define SIM_NVLINK_MAX 36     /* NVML_NVLINK_MAX_LINKS of this nvml.h */
+#define SIM_NVLINK_COUNTERS 4 /* replay, recovery, CRC flit, CRC data (nvmlNvLinkErrorCounter_t 0..3) */
 
 /* One simulated GPU, as described in node.conf. */
 typedef struct sim_gpu {
@@ -53,7 +55,22 @@ typedef struct sim_gpu {
     unsigned fabric_state;  /* nvmlGpuFabricState_t */
     unsigned fabric_status; /* nvmlReturn_t of the fabric setup */
     unsigned inforom_corrupt;
+    /* Links, clocks and temperature (issue 39): what a tp=N start needs of its GPUs together. */
+    unsigned nvlinks;                 /* NVLink links the GPU has (0: none, NOT_SUPPORTED) */
+    unsigned nvlink_version;          /* nvmlNvlinkVersion_t */
+    unsigned nvlink_remote;           /* nvmlIntNvLinkDeviceType_t of every link's far end */
+    unsigned long long nvlink_down;   /* bit per link: inactive */
+    unsigned long long nvlink_err[SIM_NVLINK_COUNTERS][SIM_NVLINK_MAX]; /* nvmlNvLinkErrorCounter_t x link */
+    unsigned pcie_gen_gpu_max;        /* what the GPU supports (nvmlDeviceGetGpuMaxPcieLinkGeneration) */
+    unsigned pcie_gen_max;            /* what the GPU and the slot allow (nvmlDeviceGetMaxPcieLinkGeneration) */
+    unsigned pcie_gen;                /* what the link trained at, when the GPU is not idle */
+    unsigned pcie_gen_idle;           /* what an idle GPU lowers it to to save power (0: it does not) */
+    unsigned pcie_width_max, pcie_width;
+    unsigned long long clocks_event_reasons; /* nvmlClocksEventReason* bits, GpuIdle added while idle */
+    unsigned temperature;             /* GPU die, C */
+    unsigned temp_limit;              /* T.Limit: the maximum operating temperature, C */
 } sim_gpu_t;
+
 
 /* What a GPU model answers (the rest is NVML_ERROR_NOT_SUPPORTED, as on the real one). */
 #define SIM_FEAT_ECC 1u     /* ECC counters (data-centre GPUs) */
@@ -80,6 +97,7 @@ typedef struct sim_config {
     char timeout_functions[2048]; /* ",name,name," (leading/trailing comma for matching) */
     int timeout_delay_ms;
     char hang_functions[2048]; /* ",name,name,": these never return (a driver hang) */
+    char p2p_unsupported[2048]; /* "a-b,c-d": pairs without peer access (NVML's P2P status and CUDA's answer) */
 } sim_config_t;
 
 /* nvml.h only forward-declares this; a handle points into sim_devices[]. */
@@ -124,6 +142,8 @@ const char *sim_error_string(nvmlReturn_t rc);
 int sim_ctx_scan(unsigned gpu, sim_ctx_t *out, int max);
 unsigned long long sim_ctx_used_mib(unsigned gpu);
 int sim_ctx_visible_pid(const sim_ctx_t *ctx, unsigned *pid);
+int sim_gpu_busy(unsigned gpu); /* a live context on it: the GPU leaves its idle state */
+int sim_pair_listed(const char *list, unsigned a, unsigned b); /* "a-b,c-d" names the pair, either order */
 long long sim_now_ns(void);
 
 /* ---- entry/exit helpers (core.c) ----
