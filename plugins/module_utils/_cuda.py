@@ -41,8 +41,13 @@ ERROR_NAMES = {
     101: "CUDA_ERROR_INVALID_DEVICE",
     201: "CUDA_ERROR_INVALID_CONTEXT",
     214: "CUDA_ERROR_ECC_UNCORRECTABLE",
+    217: "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
     304: "CUDA_ERROR_OPERATING_SYSTEM",
+    400: "CUDA_ERROR_INVALID_HANDLE",
+    600: "CUDA_ERROR_NOT_READY",
     700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+    704: "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+    705: "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
     802: "CUDA_ERROR_SYSTEM_NOT_READY",
     803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
     804: "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
@@ -91,6 +96,17 @@ def probe(
     """Start CUDA on every target at once, each in a helper forked from this process under ``timeout`` seconds
     (:func:`._cuda_program.probe`): each GPU's raw answer, and the helpers that did not die of SIGKILL in time."""
     return _cuda_program.probe(targets, fraction, timeout, clock)
+
+
+def probe_all(
+    targets: t.Sequence[Target],
+    fraction: float,
+    timeout: float,
+    peers: dict[str, t.Any] | None = None,
+    on_step: t.Callable[[int, str], None] | None = None,
+) -> tuple[dict[int, dict[str, t.Any]], dict[str, t.Any] | None, list[int]]:
+    """:func:`probe`, and with ``peers`` the peer check of those GPUs beside it (:func:`._cuda_program.probe_all`)."""
+    return _cuda_program.probe_all(targets, fraction, timeout, peers, on_step=on_step)
 
 
 # ---------------------------------------------------------------------- judging an answer

@@ -26,6 +26,15 @@ and says which call it is making before it makes it (a line on a pipe); one that
 is killed (SIGKILL: the driver's waits are killable) and reaped, and its GPU is named by that call. A helper dies
 with its parent (``PR_SET_PDEATHSIG``); inside a container the program also ends every helper when its caller
 goes away (its stdin, the caller's pipe, reads end-of-file), so a run the node gave up on leaves nothing behind.
+
+Peer readiness (:func:`together`, issue 39) is one more helper beside the starts, with every GPU of the check visible: a
+context on each GPU, made in parallel threads, two small buffers each and a known pattern in one; then, once every
+start has passed its memset (the parent says "go": the starts' memsets would share the memory bandwidth the copies
+measure), for every pair what the driver says of peer access (``cuDeviceCanAccessPeer``), peer access enabled both ways
+(``cuCtxEnablePeerAccess``), the pattern copied both ways (``cuMemcpyPeer``, timed with events) and read back and
+compared. Each pair's answer is a line of its own (``P <json>``) as soon as it is known, and every call is announced
+(``cuMemcpyPeer 0->3``), so that a pair whose copy hangs is named by its two GPUs when the helper is killed at its
+deadline, with the pairs before it answered.
 """
 
 import ctypes
@@ -55,6 +64,9 @@ BAD_ENV = (
 )
 #: How long a killed helper may take to be reaped (one stuck in an uninterruptible wait of the driver is left, and said).
 REAP_WAIT_S = 0.5
+#: ... and, for a killed peer helper, this much more for each context it held: the kernel tears a dying process's
+#: contexts down one device file after another (the H200: a killed context's memory back 0.12-0.22 s after the signal).
+TEARDOWN_PER_CONTEXT_S = 0.25
 #: What the program's answer line starts with on stdout (whatever else a container prints there is not its answer).
 ANSWER = "gpuops-cuda-probe "
 _PR_SET_PDEATHSIG = 1
@@ -226,9 +238,188 @@ def helper(out_fd: int, parent: int, uuid: str, fraction: float, context_only: b
     start(out_fd, uuid, fraction, context_only)
 
 
+def pattern(gpu: int, size: int) -> bytes:
+    """The bytes GPU ``gpu``'s buffer holds for the peer copies: a 4 KiB block that differs from every other GPU's at every
+    offset (29 is odd, so ``gpu * 29`` differs mod 256 for 256 GPUs), repeated; a copy that did not happen, or came from
+    another GPU, or changed a byte, does not compare equal."""
+    block = bytes((k * 167 + gpu * 29 + 7) & 0xFF for k in range(4096))
+    return block * (size // 4096) + block[: size % 4096]
+
+
+def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", size: int, reps: int) -> None:  # pragma: no cover - runs in the helper
+    """Peer readiness, in the forked helper: a context and two buffers on each of ``gpus`` (``[index, uuid]``), then, once
+    the parent writes ``go``, every pair both ways; each call announced (``S``), each pair's answer as it comes (``P``),
+    the whole answer last (``R``)."""
+    import threading  # pylint: disable=import-outside-toplevel
+
+    lock = threading.Lock()
+
+    def say(line: str) -> None:
+        data = (line + "\n").encode()
+        with lock:
+            while data:
+                data = data[os.write(out_fd, data) :]
+
+    res = {"steps": {}, "gpus": {}, "code": None, "step": None}  # type: dict[str, t.Any]
+
+    def call(name: str, fn: "t.Any", *args: "t.Any") -> int:
+        say("S " + name)
+        began = time.monotonic()
+        code = int(fn(*args))
+        kind = name.split(" ")[0]
+        res["steps"][kind] = round(max(res["steps"].get(kind, 0.0), time.monotonic() - began), 4)
+        return code
+
+    say("S dlopen")
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        res.update(step="dlopen", dlopen_error=str(exc))
+        say("R " + json.dumps(res))
+        return
+    count, dev, raw = ctypes.c_int(), ctypes.c_int(), (ctypes.c_ubyte * 16)()
+    for name, fn, args in (("cuInit", cuda.cuInit, (0,)), ("cuDeviceGetCount", cuda.cuDeviceGetCount, (ctypes.byref(count),))):
+        code = call(name, fn, *args)
+        if code:
+            res.update(code=code, step=name)
+            say("R " + json.dumps(res))
+            return
+    ordinal = {}
+    for o in range(count.value):
+        if call("cuDeviceGet", cuda.cuDeviceGet, ctypes.byref(dev), o) == 0 and call("cuDeviceGetUuid_v2", cuda.cuDeviceGetUuid_v2, raw, dev) == 0:
+            uuid = "GPU-" + "-".join(bytes(raw).hex()[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))
+            ordinal[uuid.lower()] = dev.value
+    elapsed = getattr(cuda, "cuEventElapsedTime_v2", None) or cuda.cuEventElapsedTime
+    release = getattr(cuda, "cuDevicePrimaryCtxRelease_v2", None) or cuda.cuDevicePrimaryCtxRelease
+    state = {}  # type: dict[int, dict[str, t.Any]]
+
+    def setup(gpu: int, uuid: str) -> None:
+        # One GPU's part, in a thread of its own: the contexts are made side by side.
+        mine = state[gpu] = {"ok": False, "steps": {}}
+        if uuid.lower() not in ordinal:
+            mine.update(code=100, step="cuDeviceGetUuid_v2", why="CUDA does not see this GPU")
+            return
+        d = ordinal[uuid.lower()]
+        ctx, src, dst = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
+        events = [ctypes.c_void_p(), ctypes.c_void_p()]
+        steps = (
+            ("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain, (ctypes.byref(ctx), d)),
+            ("cuCtxSetCurrent", cuda.cuCtxSetCurrent, (ctx,)),
+            ("cuMemAlloc_v2", cuda.cuMemAlloc_v2, (ctypes.byref(src), ctypes.c_size_t(size))),
+            ("cuMemAlloc_v2", cuda.cuMemAlloc_v2, (ctypes.byref(dst), ctypes.c_size_t(size))),
+            ("cuMemcpyHtoD_v2", cuda.cuMemcpyHtoD_v2, (src, pattern(gpu, size), ctypes.c_size_t(size))),
+            ("cuEventCreate", cuda.cuEventCreate, (ctypes.byref(events[0]), 0)),
+            ("cuEventCreate", cuda.cuEventCreate, (ctypes.byref(events[1]), 0)),
+        )
+        for name, fn, args in steps:
+            code = call("{} {}".format(name, gpu), fn, *args)
+            if code:
+                mine.update(code=code, step=name)
+                break
+            if name == "cuDevicePrimaryCtxRetain":
+                mine["retained"] = d
+        else:
+            mine.update(ok=True, ctx=ctx, src=src, dst=dst, events=events)
+
+    def each(fn: "t.Callable[..., None]", args: "t.Sequence[t.Sequence[t.Any]]") -> None:
+        threads = [threading.Thread(target=fn, args=tuple(a)) for a in args]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+
+    began = time.monotonic()
+    each(setup, gpus)
+    res["setup_s"] = round(time.monotonic() - began, 4)
+    for gpu, mine in state.items():
+        res["gpus"][str(gpu)] = {k: mine[k] for k in ("ok", "code", "step", "why") if k in mine}
+    say("S wait")
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = os.read(in_fd, 64)
+        if not chunk:
+            return  # the caller is gone: nothing to answer
+        got += chunk
+    began = time.monotonic()
+    host = ctypes.create_string_buffer(size)
+    libc = ctypes.CDLL(None)
+    libc.memcmp.restype = ctypes.c_int
+    libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    expected = {gpu: pattern(gpu, size) for gpu in state}
+    ready = [gpu for gpu, _uuid in gpus if state[gpu]["ok"]]
+    can, ms = ctypes.c_int(), ctypes.c_float()
+
+    def copy(a: int, b: int) -> "dict[str, t.Any]":
+        # The pattern of a's buffer into b's, ``reps`` times between two events, then b's buffer read back and compared.
+        sa, sb = state[a], state[b]
+        out = {"from": a, "to": b, "code": None, "call": None, "gbps": None, "match": None}  # type: dict[str, t.Any]
+        label = "{}->{}".format(a, b)
+        steps = [("cuCtxSetCurrent", cuda.cuCtxSetCurrent, (sa["ctx"],)), ("cuEventRecord", cuda.cuEventRecord, (sa["events"][0], None))]
+        steps += [("cuMemcpyPeer", cuda.cuMemcpyPeer, (sb["dst"], sb["ctx"], sa["src"], sa["ctx"], ctypes.c_size_t(size)))] * reps
+        steps += [
+            ("cuEventRecord", cuda.cuEventRecord, (sa["events"][1], None)),
+            ("cuEventSynchronize", cuda.cuEventSynchronize, (sa["events"][1],)),
+            ("cuEventElapsedTime", elapsed, (ctypes.byref(ms), sa["events"][0], sa["events"][1])),
+            ("cuCtxSetCurrent", cuda.cuCtxSetCurrent, (sb["ctx"],)),
+            ("cuMemcpyDtoH_v2", cuda.cuMemcpyDtoH_v2, (host, sb["dst"], ctypes.c_size_t(size))),
+        ]
+        for name, fn, args in steps:
+            code = call("{} {}".format(name, label), fn, *args)
+            if code:
+                out.update(code=code, call=name)
+                return out
+            if name == "cuEventElapsedTime" and ms.value > 0:
+                out["gbps"] = round(size * reps / (ms.value / 1000.0) / 1e9, 2)
+        out["match"] = libc.memcmp(host, expected[a], size) == 0
+        return out
+
+    for x, a in enumerate(ready):
+        for b in ready[x + 1 :]:
+            pair = {"gpus": [a, b], "can": [None, None], "enable": [None, None], "copies": []}  # type: dict[str, t.Any]
+            for k, (p, q) in enumerate(((a, b), (b, a))):
+                code = call("cuDeviceCanAccessPeer {}->{}".format(p, q), cuda.cuDeviceCanAccessPeer, ctypes.byref(can), state[p]["retained"], state[q]["retained"])
+                pair["can"][k] = bool(can.value) if code == 0 else "CUresult {}".format(code)
+            if pair["can"] == [True, True]:
+                for k, (p, q) in enumerate(((a, b), (b, a))):
+                    call("cuCtxSetCurrent {}".format(p), cuda.cuCtxSetCurrent, state[p]["ctx"])
+                    pair["enable"][k] = call("cuCtxEnablePeerAccess {}->{}".format(p, q), cuda.cuCtxEnablePeerAccess, state[q]["ctx"], 0)
+                if all(code in (0, 704) for code in pair["enable"]):  # 704: CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+                    pair["copies"] = [copy(a, b), copy(b, a)]
+            say("P " + json.dumps(pair))
+    res["matrix_s"] = round(time.monotonic() - began, 4)
+
+    def finish(gpu: int) -> None:
+        if "retained" in state[gpu]:
+            call("cuDevicePrimaryCtxRelease {}".format(gpu), release, state[gpu]["retained"])
+
+    began = time.monotonic()
+    each(finish, [(gpu,) for gpu in state])
+    res["release_s"] = round(time.monotonic() - began, 4)
+    res["ok"] = True
+    say("R " + json.dumps(res))
+
+
+def together_helper(out_fd: int, in_fd: int, parent: int, gpus: "t.Sequence[t.Sequence[t.Any]]", size: int, reps: int) -> None:  # pragma: no cover - runs in the helper
+    """The peer helper's life: die with the parent, keep nothing of it open, every GPU of the check visible."""
+    if not detach(parent):
+        return
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in (out_fd, in_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(uuid for _gpu, uuid in gpus)
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    for name in BAD_ENV:
+        os.environ.pop(name, None)
+    together(out_fd, in_fd, gpus, size, reps)
+
+
 # ---------------------------------------------------------------------- the parent's side
 class _Running:
-    def __init__(self, gpu: int, pid: int, fd: int, now: float) -> None:
+    def __init__(self, gpu: "int | str", pid: int, fd: int, now: float, gate: "int | None" = None) -> None:
         self.gpu = gpu
         self.pid = pid
         self.fd = fd
@@ -236,12 +427,18 @@ class _Running:
         self.step = "fork"
         self.buffer = b""
         self.result = None  # type: dict[str, t.Any] | None
+        self.gate = gate  # the peer helper's "go" pipe (its write end), None once written or for a start
+        self.pairs = []  # type: list[dict[str, t.Any]]
 
 
-def _reap(pids: "list[int]") -> "list[int]":
-    """Wait up to REAP_WAIT_S for the helpers to be reaped; the pids still not reaped (stuck in the driver)."""
+#: The steps of a start after its memset has completed: the peer copies may run beside them.
+_PAST_MEMSET = ("cuMemFree_v2", "cuDevicePrimaryCtxRelease")
+
+
+def _reap(pids: "list[int]", wait: float = REAP_WAIT_S) -> "list[int]":
+    """Wait up to ``wait`` seconds for the helpers to be reaped; the pids still not reaped (stuck in the driver)."""
     left = list(pids)
-    deadline = time.monotonic() + REAP_WAIT_S
+    deadline = time.monotonic() + wait
     while left:
         for pid in list(left):
             try:
@@ -270,14 +467,34 @@ def probe(
     clock: "t.Callable[[], float]" = time.monotonic,
     lifeline: "int | None" = None,
 ) -> "tuple[dict[int, dict[str, t.Any]], list[int]]":
-    """Start CUDA on every target (``(gpu, uuid, context_only)``) at once, each in a helper of its own under ``timeout`` seconds.
+    """Start CUDA on every target (``(gpu, uuid, context_only)``) at once, each in a helper of its own under ``timeout`` seconds
+    (:func:`probe_all` without the peer check): each GPU's raw answer, and the helpers that did not die of SIGKILL in time."""
+    raw, _peers, left = probe_all(targets, fraction, timeout, clock=clock, lifeline=lifeline)
+    return raw, left
+
+
+def probe_all(
+    targets: "t.Sequence[t.Sequence[t.Any]]",
+    fraction: float,
+    timeout: float,
+    peers: "dict[str, t.Any] | None" = None,
+    clock: "t.Callable[[], float]" = time.monotonic,
+    lifeline: "int | None" = None,
+    on_step: "t.Callable[[int, str], None] | None" = None,
+) -> "tuple[dict[int, dict[str, t.Any]], dict[str, t.Any] | None, list[int]]":
+    """Start CUDA on every target (``(gpu, uuid, context_only)``) at once, each in a helper of its own under ``timeout`` seconds,
+    and with ``peers`` (``gpus``: ``[index, uuid]`` of two or more GPUs, ``size``: bytes a copy moves, ``reps``: copies
+    timed together) the peer check of those GPUs in one more helper (:func:`together`), under the same deadline.
 
     Returns each GPU's raw answer (``ok``, ``code``, ``text``, ``step``, ``steps``, ``cuda_free_mib``,
     ``cuda_total_mib``, ``allocated_mib``, ``pid``, ``elapsed_s``; ``hung`` with the call it was in; ``dlopen_error``;
-    ``abandoned`` with the call it was in when the caller went away) and the helpers that did not die of SIGKILL in time.
-    With ``lifeline`` (a file descriptor the caller holds the other end of), its end-of-file kills every helper still running.
+    ``abandoned`` with the call it was in when the caller went away), the peer helper's (its ``pairs`` as they came, and
+    ``hung``, ``died`` or ``abandoned`` with the call it was in; None without ``peers``) and the helpers that did not die
+    of SIGKILL in time. With ``lifeline`` (a file descriptor the caller holds the other end of), its end-of-file kills
+    every helper still running. ``on_step(gpu, call)`` is called as each start announces a call (the module reads the
+    GPU's PCIe link while its start keeps it busy).
     """
-    running: list[_Running] = []
+    running = []  # type: list[_Running]
     parent = os.getpid()
     for gpu, uuid, context_only in targets:
         read_fd, write_fd = os.pipe()
@@ -290,6 +507,21 @@ def probe(
                 os._exit(0)
         os.close(write_fd)
         running.append(_Running(gpu, pid, read_fd, clock()))
+    starts = list(running)
+    if peers and len(peers["gpus"]) >= 2:
+        read_fd, write_fd = os.pipe()
+        go_read, go_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the helper
+            try:
+                os.close(read_fd)
+                os.close(go_write)
+                together_helper(write_fd, go_read, parent, peers["gpus"], int(peers["size"]), int(peers.get("reps", 2)))
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        os.close(go_read)
+        running.append(_Running("peers", pid, read_fd, clock(), gate=go_write))
     pending = list(running)
     while pending:
         now = clock()
@@ -298,6 +530,12 @@ def probe(
                 _kill(r.pid)
                 r.result = {"ok": False, "hung": r.step, "waited_s": round(now - r.began, 3), "steps": {}}
                 pending.remove(r)
+        for r in pending:
+            # The peer copies wait until every start has passed its memset, which would share their memory bandwidth.
+            if r.gate is not None and r.step == "wait" and all(s.result is not None or s.step in _PAST_MEMSET for s in starts):
+                os.write(r.gate, b"go\n")
+                os.close(r.gate)
+                r.gate = None
         if not pending:
             break
         wait = min(r.began + timeout for r in pending) - now
@@ -319,6 +557,10 @@ def probe(
                 kind, _sep, body = line.decode("utf-8", "replace").partition(" ")
                 if kind == "S":
                     r.step = body
+                    if on_step is not None and r.gpu != "peers":
+                        on_step(int(r.gpu), body)
+                elif kind == "P":
+                    r.pairs.append(json.loads(body))
                 elif kind == "R":
                     r.result = json.loads(body)
             if not chunk or r.result is not None:
@@ -328,14 +570,191 @@ def probe(
                 pending.remove(r)
     for r in running:
         os.close(r.fd)
-    left = _reap([r.pid for r in running])
+        if r.gate is not None:
+            os.close(r.gate)
+    killed = [r for r in running if r.gpu == "peers" and r.result is not None and ("hung" in r.result or "abandoned" in r.result)]
+    left = _reap([r.pid for r in running], REAP_WAIT_S + (TEARDOWN_PER_CONTEXT_S * len(peers["gpus"]) if killed and peers else 0.0))
     out = {}
+    together_raw = None
     for r in running:
         result = dict(r.result or {})
         result["pid"] = r.pid
         result.setdefault("elapsed_s", round(clock() - r.began, 4))
-        out[r.gpu] = result
-    return out, left
+        if r.gpu == "peers":
+            result["pairs"] = r.pairs
+            together_raw = result
+        else:
+            out[r.gpu] = result
+    return out, together_raw, left
+
+
+# ---------------------------------------------------------------------- the room the next start needs, vLLM's cached answer
+#: Where vLLM keeps its P2P answer: ``$VLLM_CACHE_ROOT``, by default ``~/.cache/vllm`` (vllm/envs.py), as
+#: ``gpu_p2p_access_cache_for_<CUDA_VISIBLE_DEVICES>.json`` (vllm/distributed/device_communicators/custom_all_reduce_utils.py):
+#: root's and each user's under /home. A server started with another VLLM_CACHE_ROOT keeps it where this cannot see.
+P2P_CACHE_DIRS = ("root/.cache/vllm", "home/*/.cache/vllm")
+P2P_CACHE_NAME = re.compile(r"^gpu_p2p_access_cache_for_(.+)\.json$")
+_P2P_CACHE_MAX = 1 << 20
+
+
+def shm_room(path: str = "/dev/shm") -> "dict[str, t.Any]":
+    """``{path, size_mib, free_mib}`` of the file system the next start's shared memory goes to (``error`` when it cannot be read)."""
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return {"path": path, "size_mib": None, "free_mib": None, "error": exc.strerror}
+    return {"path": path, "size_mib": st.f_blocks * st.f_frsize // MIB, "free_mib": st.f_bavail * st.f_frsize // MIB}
+
+
+def pair_works(pair: "dict[str, t.Any]") -> "bool | None":
+    """What the peer check found of one pair (its ``P`` answer): True when the driver offers peer access both ways, it was
+    enabled and both copies came back equal; False when the driver refuses it, enabling it failed or a copy failed or
+    came back changed; None when it was not checked."""
+    can = pair.get("can")
+    if not can or None in can:
+        return None
+    if can != [True, True]:
+        return False  # the driver refuses it (False), or its answer was an error (the CUresult)
+    if any(code not in (0, 704) for code in pair.get("enable") or []):
+        return False
+    copies = pair.get("copies") or []
+    if len(copies) < 2:
+        return None
+    return all(c.get("code") is None and c.get("match") is True for c in copies)
+
+
+def _no_link_below(root: str, parts: "t.Sequence[str]") -> bool:
+    """No component of ``root/parts...`` below ``root`` is a symbolic link (nothing is followed out of the scope)."""
+    here = root
+    for part in parts:
+        here = os.path.join(here, part)
+        if os.path.islink(here) or not os.path.isdir(here):
+            return False
+    return True
+
+
+def p2p_caches(root: str = "/") -> "list[dict[str, t.Any]]":
+    """vLLM's cached P2P answers under ``root``: ``{path, devices, entries, dev, ino}`` each (``error`` for one that cannot be
+    read); ``devices`` is its name's CUDA_VISIBLE_DEVICES list, ``entries`` its ``"a->b": bool`` (local ids)."""
+    out = []
+    dirs = []
+    for pattern in P2P_CACHE_DIRS:
+        parts = pattern.split("/")
+        if parts[1] == "*":
+            try:
+                users = sorted(os.listdir(os.path.join(root, parts[0])))
+            except OSError:
+                users = []
+            dirs += [[parts[0], user] + parts[2:] for user in users]
+        else:
+            dirs.append(parts)
+    for parts in dirs:
+        if not _no_link_below(root, parts):
+            continue
+        where = os.path.join(root, *parts)
+        try:
+            names = sorted(os.listdir(where))
+        except OSError:
+            continue
+        for name in names:
+            m = P2P_CACHE_NAME.match(name)
+            if not m:
+                continue
+            path = os.path.join(where, name)
+            item = {"path": "/" + "/".join(parts + [name]), "devices": m.group(1).split(","), "entries": {}}  # type: dict[str, t.Any]
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:
+                item["error"] = exc.strerror
+                out.append(item)
+                continue
+            try:
+                st = os.fstat(fd)
+                item.update(dev=st.st_dev, ino=st.st_ino)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > _P2P_CACHE_MAX:
+                    item["error"] = "not a regular file of at most 1 MiB"
+                else:
+                    data = json.loads(os.read(fd, _P2P_CACHE_MAX).decode("utf-8", "replace"))
+                    item["entries"] = {str(k): v for k, v in data.items() if isinstance(v, bool)} if isinstance(data, dict) else {}
+            except (OSError, ValueError) as exc:
+                item["error"] = str(exc)
+            finally:
+                os.close(fd)
+            out.append(item)
+    return out
+
+
+def stale_pairs(cache: "dict[str, t.Any]", ordinals: "t.Sequence[int]", uuids: "dict[str, int]", works: "dict[str, bool | None]") -> "list[list[int]]":
+    """The GPU pairs (indexes, ``[a, b]`` with a < b) one cache says peer access works between and the check found it does not.
+
+    A cache's local id ``k`` is the ``k``-th entry of its name's device list: a UUID (``GPU-...``), or a CUDA ordinal,
+    the ``ordinals[ordinal]``-th GPU here (CUDA numbers the GPUs a process sees in PCI order, as NVML does, for GPUs of
+    one model). ``works`` is :func:`pair_works` of each checked pair, keyed ``"a-b"`` (a < b)."""
+    index = []  # type: list[int | None]
+    for entry in cache.get("devices") or []:
+        entry = entry.strip()
+        if entry.lower().startswith("gpu-"):
+            index.append(uuids.get(entry.lower()))
+        elif entry.isdigit() and int(entry) < len(ordinals):
+            index.append(ordinals[int(entry)])
+        else:
+            index.append(None)
+    found = set()
+    for key, said in (cache.get("entries") or {}).items():
+        a, _sep, b = key.partition("->")
+        if said is not True or not (a.isdigit() and b.isdigit()) or max(int(a), int(b)) >= len(index):
+            continue
+        x, y = index[int(a)], index[int(b)]
+        if x is None or y is None or x == y:
+            continue
+        pair = (min(x, y), max(x, y))
+        if works.get("{}-{}".format(*pair)) is False:
+            found.add(pair)
+    return [list(p) for p in sorted(found)]
+
+
+def remove_cache(root: str, item: "dict[str, t.Any]") -> "str | None":
+    """Remove one cache file, only when it is still the file that was read (device and inode, through its directory, never
+    following a link); None when removed, else why not."""
+    where, name = os.path.split(item["path"])
+    try:
+        dfd = os.open(os.path.join(root, where.lstrip("/")), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return exc.strerror
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != (item.get("dev"), item.get("ino")) or not stat.S_ISREG(st.st_mode):
+            return "it changed since it was read"
+        os.unlink(name, dir_fd=dfd)
+    except OSError as exc:
+        return exc.strerror
+    finally:
+        os.close(dfd)
+    return None
+
+
+def next_start(root: str, raw_peers: "dict[str, t.Any] | None", request: "dict[str, t.Any]") -> "dict[str, t.Any]":
+    """The room in /dev/shm and vLLM's cached answers of one scope (``root``: / here, the container's own inside it), each
+    cache with the pairs it is stale for and, with ``remove``, removed. ``request``: ``shm`` (a path or None),
+    ``p2p_cache`` (None, or ``remove``, ``ordinals`` and ``uuids`` as :func:`stale_pairs` takes them)."""
+    out = {"shm": shm_room(request["shm"]) if request.get("shm") else None, "p2p_caches": None}  # type: dict[str, t.Any]
+    asked = request.get("p2p_cache")
+    if asked:
+        works = {}
+        for pair in (raw_peers or {}).get("pairs") or []:
+            a, b = sorted(pair["gpus"])
+            works["{}-{}".format(a, b)] = pair_works(pair)
+        caches = p2p_caches(root)
+        for item in caches:
+            item["stale"] = stale_pairs(item, asked["ordinals"], asked["uuids"], works)
+            item["removed"] = False
+            if item["stale"] and asked.get("remove"):
+                why = remove_cache(root, item)
+                item["removed"] = why is None
+                if why:
+                    item["not_removed"] = why
+        out["p2p_caches"] = caches
+    return out
 
 
 # ---------------------------------------------------------------------- in a container
@@ -351,8 +770,10 @@ def source() -> str:
 
 def main(argv: "t.Sequence[str]") -> int:
     """Run as ``python3 -I -c <this text> <request>``: ``request`` is JSON with ``device_dir``, ``gpus`` (``[index, minor,
-    mig_on]`` each), ``nvml_count``, ``targets`` (``[gpu, uuid, context_only]`` each), ``fraction`` and ``timeout``.
-    Prints :data:`ANSWER` and JSON: ``devices`` (:func:`device_nodes`), ``raw`` and ``left_behind`` (:func:`probe`),
+    mig_on]`` each), ``nvml_count``, ``targets`` (``[gpu, uuid, context_only]`` each), ``fraction``, ``timeout`` and
+    ``peers`` (None, or what :func:`probe_all` takes), ``shm`` and ``p2p_cache`` (:func:`next_start`). Prints :data:`ANSWER`
+    and JSON: ``devices`` (:func:`device_nodes`), ``raw``, ``peers`` and ``left_behind`` (:func:`probe_all`), ``shm`` and
+    ``p2p_caches`` (:func:`next_start`, the container's own),
     ``python`` (this interpreter's version) and ``pid`` (the program's, as the container numbers it)."""
     request = json.loads(argv[1])
     devices = device_nodes(request["device_dir"], request["gpus"], request["nvml_count"])
@@ -360,8 +781,9 @@ def main(argv: "t.Sequence[str]") -> int:
     # there (a terminal, /dev/null) says nothing of the caller, and only the deadlines hold.
     mode = os.fstat(0).st_mode
     lifeline = 0 if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
-    raw, left = probe(request["targets"], request["fraction"], request["timeout"], lifeline=lifeline)
-    answer = {"devices": devices, "raw": raw, "left_behind": left, "python": ".".join(map(str, sys.version_info[:3])), "pid": os.getpid()}
+    raw, peers, left = probe_all(request["targets"], request["fraction"], request["timeout"], request.get("peers"), lifeline=lifeline)
+    answer = {"devices": devices, "raw": raw, "peers": peers, "left_behind": left, "python": ".".join(map(str, sys.version_info[:3])), "pid": os.getpid()}
+    answer.update(next_start("/", peers, request))
     sys.stdout.write(ANSWER + json.dumps(answer) + "\n")
     sys.stdout.flush()
     return 0

@@ -136,6 +136,60 @@ FINDINGS: dict[str, Finding] = {
     ),
     "inforom_corrupt": Finding(DRAIN, SERVICE, "The infoROM is corrupted: its ECC and retirement records cannot be trusted; drain the node and have it reflashed (NVIDIA support)."),
     "devices_unchecked": Finding(OK, NOTHING, "The container's device files were not checked: let the check run inside it (python3 there), or check them by hand."),
+    # ------------------------------------------------------------------ ready together (issue 39: together.findings)
+    # Peer access the driver does not offer is the host's topology or configuration (GPUs behind different root ports or
+    # sockets, ACS redirecting peer traffic, a VM's passthrough, an IOMMU setting): no reset changes it. Reported as a
+    # warning (ok) unless peers_required says the server needs it, then this verdict and red (not_ready_together).
+    "p2p_unsupported": Finding(
+        FIX_CONFIG,
+        CONFIG,
+        "Give the server GPUs that reach each other (nvidia-smi topo -p2p r), or allow peer access between them (ACS off on the PCIe"
+        " switches, iommu=pt, the VM's or container's passthrough); until then start it with NCCL_P2P_DISABLE=1.",
+    ),
+    # Peer access offered and then broken (copies changed or hanging): the documented causes on PCIe are the host's (ACS
+    # redirecting peer traffic to the root complex, the IOMMU, a VM's passthrough of the BARs), which a GPU reset does not
+    # change; a broken NVLink shows in the GPUs' own nvlink findings (reset_gpu). Red whatever fail_on (not_ready_together).
+    "p2p_broken": Finding(
+        FIX_CONFIG,
+        CONFIG,
+        "Fix the peer path (ACS off on the PCIe switches, iommu=pt or off, the VM's passthrough), reset the GPUs if their NVLink findings"
+        " say so, and until then start the server with NCCL_P2P_DISABLE=1 (vLLM: --disable-custom-all-reduce).",
+    ),
+    # Slower than the pair's link allows, with no link finding of its own: the route (through the CPUs' root complex or
+    # their interconnect, ACS redirection) is configuration; a degraded link says so in its own finding with its verdict.
+    "p2p_slow": Finding(
+        FIX_CONFIG,
+        CONFIG,
+        "See the two GPUs' link findings (a degraded PCIe link or an NVLink down); without one, check the route between them (nvidia-smi topo -m:"
+        " through the CPUs, ACS redirection) and put the server on GPUs that share a PCIe switch or NVLink.",
+    ),
+    # The check could not be made (its helper died or hung outside a pair) while every GPU started alone: not proven, so
+    # not green; what hangs a process holding several GPUs is the driver's, which a reset (or a reboot) clears.
+    "peers_unproven": Finding(RESET_GPU, GPU, "Check dmesg for Xid errors; reset the GPUs of the check (see the reset plan) or reboot, then run again."),
+    "nvlink_inactive": Finding(
+        RESET_GPU, GPU, "Reset the GPUs of the NVLink fabric together (see the reset plan) to retrain the links; a link that stays down needs field service (drain)."
+    ),
+    # The counters count since the driver loaded or the GPU was reset, and a reset clears them: over the threshold, reset;
+    # counting up again after it, the link itself is bad (field service).
+    "nvlink_errors": Finding(
+        RESET_GPU, GPU, "Reset the GPUs (the counters start again from 0, the links retrain); if they count up again, drain the node for NVLink service."
+    ),
+    # A narrower link than the GPU and its slot allow is physical (the card's seating, a riser or cable, the slot): service.
+    "pcie_width_degraded": Finding(DRAIN, SERVICE, "Drain the node and reseat the GPU (check its riser or cable and slot); a link that trains narrow again needs service."),
+    # A lower generation under load: a reboot retrains the link (and a BIOS may cap it); one that trains low again is physical.
+    "pcie_gen_degraded": Finding(
+        REBOOT, NODE, "Reboot to retrain the link and check the slot's generation in the BIOS; if it trains low again, reseat the GPU (service)."
+    ),
+    "clocks_slowdown": Finding(
+        DRAIN, SERVICE, "Check the GPU's cooling (fans, airflow, inlet temperature) and power (the power brake comes from the power supply); drain until it clears."
+    ),
+    "temperature_high": Finding(OK, NOTHING, "Check the cooling before the next job: the GPU is near its thermal limit already and will slow down under load."),
+    "shm_low": Finding(
+        FIX_CONFIG, CONFIG, "Give /dev/shm room (a larger tmpfs; for a container its shm size) or remove what fills it (the residue phase), then start the server."
+    ),
+    "p2p_cache_stale": Finding(
+        RESTART_APP, APP, "Remove the file (the role does with residue removal on: p2p_cache: remove): vLLM tests again and stops trusting a broken peer path."
+    ),
 }
 
 #: The Xid catalog's buckets (:data:`._xids.BUCKETS`) on the scale, for ``xid`` findings.

@@ -68,6 +68,9 @@ NOT_CLEAN = "not_clean"
 MISSING_GPUS = "missing_gpus"
 #: The memory is clean, but the health verdict (``health.verdict``) is at or above ``fail_on``; ``health.evidence`` says why.
 UNHEALTHY = "unhealthy"
+#: Every GPU is clean and startable alone, but not together: a pair's peer copies broken or hanging, the peer check
+#: unproven, or peer access unsupported where ``peers_required`` says the server needs it (``together.findings`` say which).
+NOT_READY_TOGETHER = "not_ready_together"
 
 # ---------------------------------------------------------------------- gpu_mode_restore
 #: A declared value did not take (the compute mode reads otherwise, or the MPS daemon survived its deadline).
@@ -223,7 +226,7 @@ ROLE = (
 #: The reasons each module can fail with; each module's RETURN documentation lists exactly these.
 MODULES: dict[str, tuple[str, ...]] = {
     "gpu_procs_kill": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, *CONTAINERS, NO_DISCOVERY_SOURCE, UNKILLABLE, HOLDERS_REMAIN, *NVML),
-    "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, UNHEALTHY, *NVML),
+    "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, UNHEALTHY, NOT_READY_TOGETHER, *NVML),
     "gpu_job_residue": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, PORT_IN_USE, PORT_CONNECTED, PORT_TIME_WAIT, REMOVE_FAILED, SCAN_INCOMPLETE),
     "clean_slate_node": (
         BAD_ARGUMENTS,
@@ -238,6 +241,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         NOT_CLEAN,
         MISSING_GPUS,
         UNHEALTHY,
+        NOT_READY_TOGETHER,
         *NVML,
         PORT_IN_USE,
         PORT_CONNECTED,

@@ -32,6 +32,7 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
     _cuda,
     _health,
     _nvml,
+    _peers,
     _probe,
     _procs,
     _proctable,
@@ -504,6 +505,16 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     _checks.number("cuda_probe_memory_fraction", params.get("cuda_probe_memory_fraction", 0.9), 0, 0.99)
     _checks.number("cuda_probe_timeout", params.get("cuda_probe_timeout", 10), 0.1, 3600, unit="seconds")
     _checks.number("expected_count", params["expected_count"], 0, 1024)
+    # Ready together (issue 39): what a copy moves (the simulated driver backs a buffer of up to 1 GiB), the share of a
+    # link's rate below which a pair is slow (0: never), the link error counts tolerated, the room the next start needs.
+    _checks.number("peers_copy_mib", params.get("peers_copy_mib", 8), 1, 1024, unit="MiB")
+    _checks.number("peers_min_bandwidth", params.get("peers_min_bandwidth", 0.25), 0, 1)
+    _checks.number("nvlink_error_threshold", params.get("nvlink_error_threshold", 0), 0, 1 << 40)
+    _checks.number("shm_min_mib", params.get("shm_min_mib", 1024), 0, 1 << 30, unit="MiB")
+    if params.get("p2p_cache", "report") not in _peers.P2P_CACHE_CHOICES:
+        raise CleanSlateError(
+            f"p2p_cache must be one of {', '.join(_peers.P2P_CACHE_CHOICES)}, got {params['p2p_cache']!r}.", reason=_reasons.BAD_ARGUMENTS, option="p2p_cache"
+        )
     _checks.existing_dir("device_dir", params["device_dir"])
     containers = params.get("containers") or []
     for vmid in containers:
@@ -572,6 +583,14 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "cuda_probe": {"type": "bool", "default": True},
         "cuda_probe_memory_fraction": {"type": "float", "default": 0.9},
         "cuda_probe_timeout": {"type": "float", "default": 10},
+        "peers": {"type": "bool", "default": True},
+        "peers_required": {"type": "bool", "default": False},
+        "peers_copy_mib": {"type": "int", "default": 8},
+        "peers_min_bandwidth": {"type": "float", "default": 0.25},
+        "links": {"type": "bool", "default": True},
+        "nvlink_error_threshold": {"type": "int", "default": 0},
+        "shm_min_mib": {"type": "int", "default": 1024},
+        "p2p_cache": {"type": "str", "default": "report", "choices": list(_peers.P2P_CACHE_CHOICES)},
     }
 
 
@@ -676,6 +695,8 @@ class StartRun:
     criteria: Criteria
     params: t.Mapping[str, t.Any]
     check_mode: bool
+    #: Ready together (issue 39): what the GPUs are checked for together, and what was found.
+    together: _peers.Check | None = None
 
 
 def startability(run: StartRun, devices: dict[str, t.Any]) -> dict[str, t.Any]:
@@ -686,7 +707,15 @@ def startability(run: StartRun, devices: dict[str, t.Any]) -> dict[str, t.Any]:
     began = time.monotonic()
     params = run.params
     targets = probe_targets(run.outcome, run.selected, run.modes, run.check_mode)
-    raw, left_behind = _cuda.probe(targets, params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"]) if targets else ({}, [])
+    together = run.together
+    peers = together.request(targets, run.modes, {g.index: str(g.uuid) for g in run.selected}) if together else None
+    on_step = together.on_step(run.prober, {g.index: g for g in run.selected}) if together else None
+    raw: dict[int, dict[str, t.Any]] = {}
+    left_behind: list[int] = []
+    if targets:
+        raw, peers_raw, left_behind = _cuda.probe_all(targets, params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"], peers, on_step)
+        if together:
+            together.raw = peers_raw
     return judge_starts(run, devices, targets, raw, left_behind, began)
 
 
@@ -716,6 +745,11 @@ def startability_inside(
         "fraction": params["cuda_probe_memory_fraction"],
         "timeout": params["cuda_probe_timeout"],
     }
+    together = run.together
+    if together:
+        # The container's own GPUs are the selected ones: a cached answer's CUDA ordinals count those.
+        request["peers"] = together.request(targets, run.modes, {g.index: str(g.uuid) for g in selected})
+        request.update(together.next_start_request(selected))
     answer = in_container(vmid, request, params["cuda_probe_timeout"])
     if answer.get("left"):
         outcome.notes.append(
@@ -726,6 +760,9 @@ def startability_inside(
     if answer["ok"]:
         devices = {**answer["devices"], "container": vmid}
         raw, left_behind = answer["raw"], answer["left_behind"]
+        if together:
+            together.raw = answer.get("peers")
+            together.next = {"shm": answer.get("shm"), "p2p_caches": answer.get("p2p_caches")}
     else:
         unproven = f"the CUDA start could not be made inside container {vmid}, where the next server starts: {answer['why']}."
         devices = {"dir": params["device_dir"], "container": vmid, "unchecked": unproven, "gpus": {}}
@@ -761,7 +798,8 @@ def judge_starts(
     fraction, timeout = params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"]
     reports = {r["index"]: r for r in outcome.gpus}
     probed_at = time.monotonic()
-    back = settle(prober, [g for g in selected if g.index in raw], raw, {i: reports[i]["clean"] for i in raw}, criteria, before)
+    helper = (run.together.raw or {}).get("pid") if run.together and before is None else None
+    back = settle(prober, [g for g in selected if g.index in raw], raw, {i: reports[i]["clean"] for i in raw}, criteria, before, helper)
     for target in targets:
         report = reports[target.gpu]
         used, total, reserved = report.get("used_mib"), report.get("total_mib"), report.get("reserved_mib") or 0
@@ -806,9 +844,10 @@ def settle(
     was_clean: dict[int, bool],
     criteria: Criteria,
     before: dict[int, set[int]] | None = None,
+    peer_helper: int | None = None,
 ) -> dict[int, float | None]:
-    """Read NVML until no probed GPU lists its probe's helper and each one that was clean is clean again; the seconds
-    that took per GPU (None: still there after ``CUDA_SETTLE_S``).
+    """Read NVML until no probed GPU lists its probe's helper (nor the peer check's, ``peer_helper``) and each one that
+    was clean is clean again; the seconds that took per GPU (None: still there after ``CUDA_SETTLE_S``).
 
     With ``before`` (the pids NVML listed on each GPU before the starts: container scope, where the helpers' pids are
     the container's own), a GPU still lists its probe's helper while it lists any pid it did not list before.
@@ -822,7 +861,7 @@ def settle(
         for reading in read_all(prober, todo):
             index = reading.gpu.index
             pids = {p.pid for p in reading.processes}
-            listed = bool(pids - before.get(index, set())) if before is not None else raw[index]["pid"] in pids
+            listed = bool(pids - before.get(index, set())) if before is not None else bool({raw[index]["pid"], peer_helper} & pids)
             if reading.error is None and not listed and (not was_clean[index] or quick_judge(reading, criteria)[0]):
                 out[index] = round(time.monotonic() - began, 4)
         todo = [g for g in todo if out[g.index] is None]
@@ -882,11 +921,14 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
             every_gpu=every,
             health=p.get("health", False),
         )
-        cuda_probe = software = None
+        cuda_probe = software = together = None
         if p.get("cuda_probe") or p.get("health"):
             modes = gpu_modes(prober, selected)
             wanted = [(g.index, g.minor, bool(modes.get(g.index, {}).get("mig"))) for g in selected]
-            starts = StartRun(prober, outcome, selected, modes, criteria, p, module.check_mode)
+            # Ready together (issue 39): each GPU's links read first, the peer check made beside the starts.
+            check = _peers.Check(p, module.check_mode, bool(p.get("containers")))
+            check.read_links(prober, selected)
+            starts = StartRun(prober, outcome, selected, modes, criteria, p, module.check_mode, check)
             if p.get("containers"):
                 if in_container is None:
                     raise CleanSlateError("containers: this entry point has no way into a container.", reason=_reasons.INTERNAL_ERROR)
@@ -895,8 +937,10 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
                 devices = _software.device_nodes(p["device_dir"], wanted, len(every))
                 if p.get("cuda_probe"):
                     cuda_probe = startability(starts, devices)
+                check.look_here(every)
             if p.get("health"):
                 software = software_checks(prober, outcome, selected, devices)
+            together = check.judge({r["index"]: r.get("startable") or {} for r in outcome.gpus}, p["cuda_probe_timeout"])
         try:
             driver = prober.call(NvmlSession.driver_version)
         except CleanSlateError:
@@ -906,17 +950,16 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
             f"NVML helper process(es) {', '.join(map(str, prober.left_behind))} did not die of SIGKILL within {_probe.REAP_WAIT_S} s (stuck in the"
             " driver, state D); they end when the driver lets them."
         )
-    health = (
-        judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command, software["findings"] if software else None)
-        if p.get("health")
-        else None
-    )
+    found = (software["findings"] if software else []) + (together["findings"] if together else [])
+    health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command, found) if p.get("health") else None
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
             " lists it; run with become: true."
         )
     reason, msg = verdict(outcome, every, len(selected), p["expected_count"])
+    if reason is None and together is not None and not together["ready"]:
+        reason, msg = _reasons.NOT_READY_TOGETHER, _peers.message(together)
     if health is not None and health["verdict"] != _health.OK:
         evidence = _health.evidence_text(health["evidence"], reported_starts(outcome))
         msg = f"{msg.rstrip('.')}. Health: {health['verdict']}: {evidence + ' ' if evidence else ''}{_health.advice(health['verdict'])}"
@@ -941,6 +984,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
         "health": health,
         "cuda_probe": cuda_probe,
         "software": software,
+        "together": together,
     }
     if reason is not None and p["fail_on_dirty"]:
         details = {k: v for k, v in result.items() if k != "msg"}

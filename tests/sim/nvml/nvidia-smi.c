@@ -55,7 +55,19 @@
     X(nvmlDeviceGetRetiredPagesPendingStatus)                                                                \
     X(nvmlDeviceGetRemappedRows)                                                                             \
     X(nvmlDeviceGetGpuFabricInfoV)                                                                           \
-    X(nvmlDeviceGetFieldValues)
+    X(nvmlDeviceGetFieldValues)                                                                              \
+    X(nvmlDeviceGetCurrPcieLinkGeneration)                                                                   \
+    X(nvmlDeviceGetMaxPcieLinkGeneration)                                                                    \
+    X(nvmlDeviceGetGpuMaxPcieLinkGeneration)                                                                 \
+    X(nvmlDeviceGetCurrPcieLinkWidth)                                                                        \
+    X(nvmlDeviceGetMaxPcieLinkWidth)                                                                         \
+    X(nvmlDeviceGetCurrentClocksEventReasons)                                                                \
+    X(nvmlDeviceGetTemperatureV)                                                                             \
+    X(nvmlDeviceGetTemperatureThreshold)                                                                     \
+    X(nvmlDeviceGetMarginTemperature)                                                                        \
+    X(nvmlDeviceGetNvLinkState)                                                                              \
+    X(nvmlDeviceGetNvLinkVersion)                                                                            \
+    X(nvmlDeviceGetNvLinkErrorCounter)
 
 #define DECLARE(f) static __typeof__(&f) p_##f;
 NVML_FUNCS(DECLARE)
@@ -521,6 +533,137 @@ static const char *yes_no(unsigned v)
     return v ? "Yes" : "No";
 }
 
+
+static void q_number(int depth, const char *key, nvmlReturn_t rc, unsigned v, const char *unit)
+{
+    char buf[64];
+    if (rc == NVML_SUCCESS)
+        snprintf(buf, sizeof buf, "%u%s", v, unit);
+    else
+        snprintf(buf, sizeof buf, "N/A");
+    q_line(depth, key, buf);
+}
+
+/* The PCI section's link info, as driver 580 prints it (docs/results/nvidia-smi-q-h200x1-2026-12-01.txt). */
+static void q_pci(const gpu_t *g)
+{
+    unsigned v = 0;
+    nvmlReturn_t rc;
+    q_section(1, "PCI");
+    q_line(2, "Bus Id", g->bus_id);
+    q_section(2, "GPU Link Info");
+    q_section(3, "PCIe Generation");
+    rc = p_nvmlDeviceGetMaxPcieLinkGeneration(g->dev, &v);
+    q_number(4, "Max", rc, v, "");
+    rc = p_nvmlDeviceGetCurrPcieLinkGeneration(g->dev, &v);
+    q_number(4, "Current", rc, v, "");
+    q_number(4, "Device Current", rc, v, "");
+    rc = p_nvmlDeviceGetGpuMaxPcieLinkGeneration(g->dev, &v);
+    q_number(4, "Device Max", rc, v, "");
+    q_line(4, "Host Max", "N/A");
+    q_section(3, "Link Width");
+    rc = p_nvmlDeviceGetMaxPcieLinkWidth(g->dev, &v);
+    q_number(4, "Max", rc, v, "x");
+    rc = p_nvmlDeviceGetCurrPcieLinkWidth(g->dev, &v);
+    q_number(4, "Current", rc, v, "x");
+}
+
+static void q_clocks_event_reasons(const gpu_t *g)
+{
+    static const struct {
+        int depth;
+        const char *name;
+        unsigned long long bit;
+    } reasons[] = {
+        {2, "Idle", 0x1ULL},
+        {2, "Applications Clocks Setting", 0x2ULL},
+        {2, "SW Power Cap", 0x4ULL},
+        {2, "HW Slowdown", 0x8ULL},
+        {3, "HW Thermal Slowdown", 0x40ULL},
+        {3, "HW Power Brake Slowdown", 0x80ULL},
+        {2, "Sync Boost", 0x10ULL},
+        {2, "SW Thermal Slowdown", 0x20ULL},
+        {2, "Display Clock Setting", 0x100ULL},
+    };
+    unsigned long long mask = 0;
+    nvmlReturn_t rc = p_nvmlDeviceGetCurrentClocksEventReasons(g->dev, &mask);
+    q_section(1, "Clocks Event Reasons");
+    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
+        q_line(reasons[i].depth, reasons[i].name, rc != NVML_SUCCESS ? "N/A" : (mask & reasons[i].bit) ? "Active" : "Not Active");
+}
+
+/* Hopper prints the thresholds relative to T.Limit, as the H200 did: the margin, then each threshold's offset from it. */
+static void q_temperature(const gpu_t *g)
+{
+    unsigned limit = 0, shutdown = 0, slowdown = 0;
+    nvmlTemperature_t temp;
+    nvmlMarginTemperature_t margin;
+    char buf[64];
+    int have_limit;
+    nvmlReturn_t rc;
+    q_section(1, "Temperature");
+    memset(&temp, 0, sizeof temp);
+    temp.version = nvmlTemperature_v1;
+    temp.sensorType = NVML_TEMPERATURE_GPU;
+    rc = p_nvmlDeviceGetTemperatureV(g->dev, &temp);
+    q_number(2, "GPU Current Temp", rc, (unsigned)temp.temperature, " C");
+    memset(&margin, 0, sizeof margin);
+    margin.version = nvmlMarginTemperature_v1;
+    if (p_nvmlDeviceGetMarginTemperature(g->dev, &margin) == NVML_SUCCESS)
+        snprintf(buf, sizeof buf, "%d C", margin.marginTemperature);
+    else
+        snprintf(buf, sizeof buf, "N/A");
+    q_line(2, "GPU T.Limit Temp", buf);
+    have_limit = p_nvmlDeviceGetTemperatureThreshold(g->dev, NVML_TEMPERATURE_THRESHOLD_GPU_MAX, &limit) == NVML_SUCCESS;
+    if (have_limit && p_nvmlDeviceGetTemperatureThreshold(g->dev, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, &shutdown) == NVML_SUCCESS)
+        snprintf(buf, sizeof buf, "%d C", (int)limit - (int)shutdown);
+    else
+        snprintf(buf, sizeof buf, "N/A");
+    q_line(2, "GPU Shutdown T.Limit Temp", buf);
+    if (have_limit && p_nvmlDeviceGetTemperatureThreshold(g->dev, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, &slowdown) == NVML_SUCCESS)
+        snprintf(buf, sizeof buf, "%d C", (int)limit - (int)slowdown);
+    else
+        snprintf(buf, sizeof buf, "N/A");
+    q_line(2, "GPU Slowdown T.Limit Temp", buf);
+    q_line(2, "GPU Max Operating T.Limit Temp", have_limit ? "0 C" : "N/A");
+    q_line(2, "GPU Target Temperature", "N/A");
+}
+
+/* nvidia-smi nvlink -s (each link's speed, or <inactive>) and -e (each link's error counters). */
+static int nvlink_report(int errors)
+{
+    /* GB/s a link of each nvmlNvlinkVersion_t runs at, as nvidia-smi prints it (an H100's NVLink 4 link: 26.562). */
+    static const char *speed[] = {"", "20.000", "25.781", "25.781", "25.781", "25.781", "26.562", "53.125"};
+    for (unsigned k = 0; k < ngpus; k++) {
+        const gpu_t *g = &gpus[k];
+        if (g->rc != NVML_SUCCESS) {
+            lost_message(g);
+            continue;
+        }
+        printf("GPU %u: %s (UUID: %s)\n", g->index, g->name, g->uuid);
+        for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; link++) {
+            nvmlEnableState_t active;
+            unsigned version = 0;
+            if (p_nvmlDeviceGetNvLinkState(g->dev, link, &active) != NVML_SUCCESS)
+                break;
+            if (errors) {
+                static const char *names[] = {"Replay Errors", "Recovery Errors", "CRC Errors", "Data CRC Errors"};
+                for (unsigned c = 0; c < 4; c++) {
+                    unsigned long long n = 0;
+                    if (p_nvmlDeviceGetNvLinkErrorCounter(g->dev, link, (nvmlNvLinkErrorCounter_t)c, &n) == NVML_SUCCESS)
+                        printf("\t Link %u: %s: %llu\n", link, names[c], n);
+                }
+            } else if (active != NVML_FEATURE_ENABLED) {
+                printf("\t Link %u: <inactive>\n", link);
+            } else {
+                p_nvmlDeviceGetNvLinkVersion(g->dev, link, &version);
+                printf("\t Link %u: %s GB/s\n", link, version < sizeof speed / sizeof speed[0] ? speed[version] : "N/A");
+            }
+        }
+    }
+    return 0;
+}
+
 /* The sections the health verdict reads, in the order and wording of the real `nvidia-smi -q`
  * (driver 580); anything the library does not support prints N/A, as the real tool does. */
 static void query_report(void)
@@ -557,6 +700,8 @@ static void query_report(void)
             q_line(2, "Pending", "N/A");
         }
         q_line(1, "GPU UUID", g->uuid);
+        q_pci(g);
+        q_clocks_event_reasons(g);
         q_section(1, "ECC Mode");
         if (p_nvmlDeviceGetEccMode && p_nvmlDeviceGetEccMode(g->dev, &cur, &pend) == NVML_SUCCESS) {
             q_line(2, "Current", enabled(cur));
@@ -619,6 +764,7 @@ static void query_report(void)
             q_line(2, "Pending", "N/A");
             q_line(2, "Remapping Failure Occurred", "N/A");
         }
+        q_temperature(g);
         q_section(1, "Fabric");
         {
             nvmlGpuFabricInfoV_t fi;
@@ -669,7 +815,7 @@ static void usage(void)
 int main(int argc, char **argv)
 {
     const char *query_gpu_list = NULL, *query_apps_list = NULL, *format = NULL, *ids = NULL;
-    int list = 0, query = 0, rc;
+    int list = 0, query = 0, nvlink = 0, rc;
     fmt_t fmt;
     nvmlReturn_t nrc;
 
@@ -677,6 +823,12 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (strcmp(a, "-L") == 0 || strcmp(a, "--list-gpus") == 0)
             list = 1;
+        else if (i == 1 && strcmp(a, "nvlink") == 0)
+            nvlink = 1; /* nvidia-smi nvlink -s | -e */
+        else if (nvlink && (strcmp(a, "-s") == 0 || strcmp(a, "--status") == 0))
+            nvlink = 1;
+        else if (nvlink && (strcmp(a, "-e") == 0 || strcmp(a, "--errorcounters") == 0))
+            nvlink = 2;
         else if (strcmp(a, "-q") == 0 || strcmp(a, "--query") == 0)
             query = 1;
         else if (strncmp(a, "--query-gpu=", 12) == 0)
@@ -730,6 +882,8 @@ int main(int argc, char **argv)
             rc = query_gpu(query_gpu_list, &fmt);
         else if (query_apps_list)
             rc = query_apps(query_apps_list, &fmt);
+        else if (nvlink)
+            rc = nvlink_report(nvlink == 2);
         else if (list)
             list_gpus();
         else if (query)
