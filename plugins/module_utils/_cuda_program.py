@@ -38,6 +38,7 @@ deadline, with the pairs before it answered.
 """
 
 import ctypes
+import fnmatch
 import json
 import os
 import re
@@ -591,10 +592,11 @@ def probe_all(
 # ---------------------------------------------------------------------- the room the next start needs, vLLM's cached answer
 #: Where vLLM keeps its P2P answer: ``$VLLM_CACHE_ROOT``, by default ``~/.cache/vllm`` (vllm/envs.py), as
 #: ``gpu_p2p_access_cache_for_<CUDA_VISIBLE_DEVICES>.json`` (vllm/distributed/device_communicators/custom_all_reduce_utils.py):
-#: root's and each user's under /home. A server started with another VLLM_CACHE_ROOT keeps it where this cannot see.
-P2P_CACHE_DIRS = ("root/.cache/vllm", "home/*/.cache/vllm")
+#: root's and each user's under /home, unless told otherwise (``p2p_cache_dirs``: a server's own VLLM_CACHE_ROOT).
+P2P_CACHE_DIRS = ("/root/.cache/vllm", "/home/*/.cache/vllm")
 P2P_CACHE_NAME = re.compile(r"^gpu_p2p_access_cache_for_(.+)\.json$")
 _P2P_CACHE_MAX = 1 << 20
+_GLOB = re.compile(r"[*?[]")
 
 
 def shm_room(path: str = "/dev/shm") -> "dict[str, t.Any]":
@@ -633,24 +635,33 @@ def _no_link_below(root: str, parts: "t.Sequence[str]") -> bool:
     return True
 
 
-def p2p_caches(root: str = "/") -> "list[dict[str, t.Any]]":
-    """vLLM's cached P2P answers under ``root``: ``{path, devices, entries, dev, ino}`` each (``error`` for one that cannot be
-    read); ``devices`` is its name's CUDA_VISIBLE_DEVICES list, ``entries`` its ``"a->b": bool`` (local ids)."""
+def _cache_dirs(root: str, patterns: "t.Sequence[str]") -> "list[list[str]]":
+    """The directories ``patterns`` name under ``root`` (a component may be a glob: ``/home/*/.cache/vllm``), as lists of
+    components, those reached through a symbolic link left out (nothing is followed out of the scope)."""
+    found = []  # type: list[list[str]]
+    for pattern in patterns:
+        partial = [[]]  # type: list[list[str]]
+        for part in [x for x in pattern.split("/") if x]:
+            grown = []
+            for parts in partial:
+                if _GLOB.search(part):
+                    try:
+                        names = sorted(os.listdir(os.path.join(root, *parts)))
+                    except OSError:
+                        names = []
+                    grown += [parts + [n] for n in names if fnmatch.fnmatchcase(n, part)]
+                else:
+                    grown.append(parts + [part])
+            partial = [parts for parts in grown if _no_link_below(root, parts)]
+        found += [parts for parts in partial if parts and parts not in found]
+    return found
+
+
+def p2p_caches(root: str = "/", dirs: "t.Sequence[str]" = P2P_CACHE_DIRS) -> "list[dict[str, t.Any]]":
+    """vLLM's cached P2P answers in ``dirs`` under ``root``: ``{path, devices, entries, dev, ino}`` each (``error`` for one
+    that cannot be read); ``devices`` is its name's CUDA_VISIBLE_DEVICES list, ``entries`` its ``"a->b": bool`` (local ids)."""
     out = []
-    dirs = []
-    for pattern in P2P_CACHE_DIRS:
-        parts = pattern.split("/")
-        if parts[1] == "*":
-            try:
-                users = sorted(os.listdir(os.path.join(root, parts[0])))
-            except OSError:
-                users = []
-            dirs += [[parts[0], user] + parts[2:] for user in users]
-        else:
-            dirs.append(parts)
-    for parts in dirs:
-        if not _no_link_below(root, parts):
-            continue
+    for parts in _cache_dirs(root, dirs):
         where = os.path.join(root, *parts)
         try:
             names = sorted(os.listdir(where))
@@ -736,7 +747,7 @@ def remove_cache(root: str, item: "dict[str, t.Any]") -> "str | None":
 def next_start(root: str, raw_peers: "dict[str, t.Any] | None", request: "dict[str, t.Any]") -> "dict[str, t.Any]":
     """The room in /dev/shm and vLLM's cached answers of one scope (``root``: / here, the container's own inside it), each
     cache with the pairs it is stale for and, with ``remove``, removed. ``request``: ``shm`` (a path or None),
-    ``p2p_cache`` (None, or ``remove``, ``ordinals`` and ``uuids`` as :func:`stale_pairs` takes them)."""
+    ``p2p_cache`` (None, or ``dirs`` to look in, ``remove``, and ``ordinals`` and ``uuids`` as :func:`stale_pairs` takes them)."""
     out = {"shm": shm_room(request["shm"]) if request.get("shm") else None, "p2p_caches": None}  # type: dict[str, t.Any]
     asked = request.get("p2p_cache")
     if asked:
@@ -744,7 +755,7 @@ def next_start(root: str, raw_peers: "dict[str, t.Any] | None", request: "dict[s
         for pair in (raw_peers or {}).get("pairs") or []:
             a, b = sorted(pair["gpus"])
             works["{}-{}".format(a, b)] = pair_works(pair)
-        caches = p2p_caches(root)
+        caches = p2p_caches(root, asked.get("dirs") or P2P_CACHE_DIRS)
         for item in caches:
             item["stale"] = stale_pairs(item, asked["ordinals"], asked["uuids"], works)
             item["removed"] = False

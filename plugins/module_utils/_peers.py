@@ -49,6 +49,8 @@ RED = (P2P_BROKEN, PEERS_UNPROVEN)
 REPS = 2
 #: What ``p2p_cache`` may say.
 P2P_CACHE_CHOICES = ("report", "remove", "ignore")
+#: Where vLLM's cached answers are looked for by default (``p2p_cache_dirs``).
+P2P_CACHE_DIRS = _cuda_program.P2P_CACHE_DIRS
 
 
 class Check:
@@ -124,6 +126,7 @@ class Check:
         asked: dict[str, t.Any] = {"shm": "/dev/shm" if int(p.get("shm_min_mib", 0) or 0) > 0 else None, "p2p_cache": None}
         if cache != "ignore":
             asked["p2p_cache"] = {
+                "dirs": list(p.get("p2p_cache_dirs") or _cuda_program.P2P_CACHE_DIRS),
                 "remove": cache == "remove" and not self.check_mode,
                 # A cache's CUDA ordinals are those of the GPUs the server saw: here every GPU, in a container its own.
                 "ordinals": [g.index for g in every],

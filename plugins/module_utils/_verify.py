@@ -515,6 +515,11 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
         raise CleanSlateError(
             f"p2p_cache must be one of {', '.join(_peers.P2P_CACHE_CHOICES)}, got {params['p2p_cache']!r}.", reason=_reasons.BAD_ARGUMENTS, option="p2p_cache"
         )
+    for path in params.get("p2p_cache_dirs") or []:
+        if not str(path).startswith("/") or ".." in str(path).split("/") or "\0" in str(path):
+            raise CleanSlateError(
+                f"p2p_cache_dirs: {path!r} is not an absolute directory (globs allowed, '..' not).", reason=_reasons.BAD_ARGUMENTS, option="p2p_cache_dirs"
+            )
     _checks.existing_dir("device_dir", params["device_dir"])
     containers = params.get("containers") or []
     for vmid in containers:
@@ -591,6 +596,7 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "nvlink_error_threshold": {"type": "int", "default": 0},
         "shm_min_mib": {"type": "int", "default": 1024},
         "p2p_cache": {"type": "str", "default": "report", "choices": list(_peers.P2P_CACHE_CHOICES)},
+        "p2p_cache_dirs": {"type": "list", "elements": "str", "default": list(_peers.P2P_CACHE_DIRS)},
     }
 
 
