@@ -592,7 +592,7 @@ def probe_all(
 # ---------------------------------------------------------------------- the room the next start needs, vLLM's cached answer
 #: Where vLLM keeps its P2P answer: ``$VLLM_CACHE_ROOT``, by default ``~/.cache/vllm`` (vllm/envs.py), as
 #: ``gpu_p2p_access_cache_for_<CUDA_VISIBLE_DEVICES>.json`` (vllm/distributed/device_communicators/custom_all_reduce_utils.py):
-#: root's and each user's under /home, unless told otherwise (``p2p_cache_dirs``: a server's own VLLM_CACHE_ROOT).
+#: root's and each user's under /home, unless told otherwise (``peers_cache_dirs``: a server's own VLLM_CACHE_ROOT).
 P2P_CACHE_DIRS = ("/root/.cache/vllm", "/home/*/.cache/vllm")
 P2P_CACHE_NAME = re.compile(r"^gpu_p2p_access_cache_for_(.+)\.json$")
 _P2P_CACHE_MAX = 1 << 20
@@ -747,9 +747,9 @@ def remove_cache(root: str, item: "dict[str, t.Any]") -> "str | None":
 def next_start(root: str, raw_peers: "dict[str, t.Any] | None", request: "dict[str, t.Any]") -> "dict[str, t.Any]":
     """The room in /dev/shm and vLLM's cached answers of one scope (``root``: / here, the container's own inside it), each
     cache with the pairs it is stale for and, with ``remove``, removed. ``request``: ``shm`` (a path or None),
-    ``p2p_cache`` (None, or ``dirs`` to look in, ``remove``, and ``ordinals`` and ``uuids`` as :func:`stale_pairs` takes them)."""
+    ``peers_cache`` (None, or ``dirs`` to look in, ``remove``, and ``ordinals`` and ``uuids`` as :func:`stale_pairs` takes them)."""
     out = {"shm": shm_room(request["shm"]) if request.get("shm") else None, "p2p_caches": None}  # type: dict[str, t.Any]
-    asked = request.get("p2p_cache")
+    asked = request.get("peers_cache")
     if asked:
         works = {}
         for pair in (raw_peers or {}).get("pairs") or []:
@@ -782,7 +782,7 @@ def source() -> str:
 def main(argv: "t.Sequence[str]") -> int:
     """Run as ``python3 -I -c <this text> <request>``: ``request`` is JSON with ``device_dir``, ``gpus`` (``[index, minor,
     mig_on]`` each), ``nvml_count``, ``targets`` (``[gpu, uuid, context_only]`` each), ``fraction``, ``timeout`` and
-    ``peers`` (None, or what :func:`probe_all` takes), ``shm`` and ``p2p_cache`` (:func:`next_start`). Prints :data:`ANSWER`
+    ``peers`` (None, or what :func:`probe_all` takes), ``shm`` and ``peers_cache`` (:func:`next_start`). Prints :data:`ANSWER`
     and JSON: ``devices`` (:func:`device_nodes`), ``raw``, ``peers`` and ``left_behind`` (:func:`probe_all`), ``shm`` and
     ``p2p_caches`` (:func:`next_start`, the container's own),
     ``python`` (this interpreter's version) and ``pid`` (the program's, as the container numbers it)."""

@@ -188,7 +188,7 @@ FINDINGS: dict[str, Finding] = {
         FIX_CONFIG, CONFIG, "Give /dev/shm room (a larger tmpfs; for a container its shm size) or remove what fills it (the residue phase), then start the server."
     ),
     "p2p_cache_stale": Finding(
-        RESTART_APP, APP, "Remove the file (the role does with residue removal on: p2p_cache: remove): vLLM tests again and stops trusting a broken peer path."
+        RESTART_APP, APP, "Remove the file (the role does with residue removal on: peers_cache: remove): vLLM tests again and stops trusting a broken peer path."
     ),
 }
 

@@ -21,7 +21,7 @@ what the verification checks (:class:`Check`: which GPUs, the options), and judg
 * the room in ``/dev/shm`` against ``shm_min_mib`` (``shm_low``): NCCL's segments and the servers' queues go there;
 * vLLM's cached P2P answer (``~/.cache/vllm/gpu_p2p_access_cache_for_<devices>.json``), which vLLM trusts instead of
   testing again: one that says peer access works where the check found it does not is ``p2p_cache_stale``, and is
-  removed with ``p2p_cache: remove`` (the role's choice when residue removal is on).
+  removed with ``peers_cache: remove`` (the role's choice when residue removal is on).
 
 The red ones make the verification fail with ``not_ready_together`` whatever ``fail_on`` says, as a failed start makes
 its GPU not clean; every finding also joins the health verdict with its verdict (:mod:`._findings`).
@@ -47,9 +47,9 @@ RED = (P2P_BROKEN, PEERS_UNPROVEN)
 #: Copies of the pattern timed together in each direction: the first one also pays for what the driver sets up at a
 #: pair's first copy, two amortise the time to issue them.
 REPS = 2
-#: What ``p2p_cache`` may say.
+#: What ``peers_cache`` may say.
 P2P_CACHE_CHOICES = ("report", "remove", "ignore")
-#: Where vLLM's cached answers are looked for by default (``p2p_cache_dirs``).
+#: Where vLLM's cached answers are looked for by default (``peers_cache_dirs``).
 P2P_CACHE_DIRS = _cuda_program.P2P_CACHE_DIRS
 
 
@@ -57,7 +57,7 @@ class Check:
     """What one verification checks of its GPUs together, and what it found.
 
     ``params`` are gpu_mem_verify's (``peers``, ``peers_required``, ``peers_copy_mib``, ``peers_min_bandwidth``,
-    ``links``, ``nvlink_error_threshold``, ``shm_min_mib``, ``p2p_cache``); ``in_container``: the starts are made inside
+    ``links``, ``nvlink_error_threshold``, ``shm_min_mib``, ``peers_cache``); ``in_container``: the starts are made inside
     a container (its /dev/shm and its vLLM cache are the container's, looked at by the program there)."""
 
     def __init__(self, params: t.Mapping[str, t.Any], check_mode: bool, in_container: bool = False) -> None:
@@ -122,11 +122,11 @@ class Check:
         """What the program looks at for the next start (:func:`._cuda_program.next_start`): /dev/shm, and vLLM's cached
         answers with how their device lists map to the GPUs here (``every``: NVML's GPUs, in NVML's order)."""
         p = self.params
-        cache = p.get("p2p_cache", "report")
-        asked: dict[str, t.Any] = {"shm": "/dev/shm" if int(p.get("shm_min_mib", 0) or 0) > 0 else None, "p2p_cache": None}
+        cache = p.get("peers_cache", "report")
+        asked: dict[str, t.Any] = {"shm": "/dev/shm" if int(p.get("shm_min_mib", 0) or 0) > 0 else None, "peers_cache": None}
         if cache != "ignore":
-            asked["p2p_cache"] = {
-                "dirs": list(p.get("p2p_cache_dirs") or _cuda_program.P2P_CACHE_DIRS),
+            asked["peers_cache"] = {
+                "dirs": list(p.get("peers_cache_dirs") or _cuda_program.P2P_CACHE_DIRS),
                 "remove": cache == "remove" and not self.check_mode,
                 # A cache's CUDA ordinals are those of the GPUs the server saw: here every GPU, in a container its own.
                 "ordinals": [g.index for g in every],
@@ -208,7 +208,7 @@ class Check:
                 if key not in answered:
                     if stuck_pair == key and "hung" in raw:
                         pair.update(
-                            status="broken",
+                            status=P2P_BROKEN,
                             detail=f"a call between GPUs {key[0]} and {key[1]} did not return within {timeout:g} s (cuda_probe_timeout): the check's"
                             f" helper was killed in {stuck}",
                         )
@@ -227,7 +227,7 @@ class Check:
                 record["pairs"].append(pair)
         for pair in record["pairs"]:
             a, b = pair["gpus"]
-            if pair["status"] == "unsupported":
+            if pair["status"] == P2P_UNSUPPORTED:
                 required = bool(p.get("peers_required"))
                 findings.append(
                     _links.finding(
@@ -237,9 +237,9 @@ class Check:
                         verdict_as=None if required else "ok",
                     )
                 )
-            elif pair["status"] == "broken":
+            elif pair["status"] == P2P_BROKEN:
                 findings.append(_links.finding(P2P_BROKEN, f"GPUs {a} and {b}: {pair['detail']}", gpus=[a, b]))
-            elif pair["status"] == "slow":
+            elif pair["status"] == P2P_SLOW:
                 findings.append(_links.finding(P2P_SLOW, f"GPUs {a} and {b}: {pair['detail']}", gpus=[a, b]))
         unchecked = [pair for pair in record["pairs"] if pair["status"] == "unchecked" and not failed_starts]
         if unchecked:
@@ -285,7 +285,7 @@ class Check:
         if can != [True, True]:
             said = [str(x) if isinstance(x, str) else ("yes" if x else "no") for x in can]
             out.update(
-                status="unsupported",
+                status=P2P_UNSUPPORTED,
                 detail=f"the driver does not offer peer access between them (cuDeviceCanAccessPeer {a}->{b}: {said[0]}, {b}->{a}: {said[1]}): a"
                 " server falls back to copies through host memory (NCCL's SHM transport), or fails where it needs P2P",
             )
@@ -295,18 +295,18 @@ class Check:
             k, code = bad_enable[0]
             p, q = (a, b) if k == 0 else (b, a)
             out.update(
-                status="broken",
+                status=P2P_BROKEN,
                 detail=f"the driver offers peer access, but enabling it from {p} to {q} failed: CUDA error {code} ({_cuda.error_name(code)}) in"
                 " cuCtxEnablePeerAccess",
             )
             return out
         for c in out["copies"]:
             if c["error"]:
-                out.update(status="broken", detail=f"the copy from {c['from']} to {c['to']} failed: {c['error']}")
+                out.update(status=P2P_BROKEN, detail=f"the copy from {c['from']} to {c['to']} failed: {c['error']}")
                 return out
             if c["match"] is False:
                 out.update(
-                    status="broken",
+                    status=P2P_BROKEN,
                     detail=f"the pattern copied from {c['from']} to {c['to']} arrived changed, although the driver offers peer access both ways:"
                     " peer traffic between them corrupts data",
                 )
@@ -319,7 +319,7 @@ class Check:
         if nominal and measured and min(measured) < floor * nominal:
             slowest = min(out["copies"], key=lambda c: c["gbps"] if c["gbps"] is not None else float("inf"))
             out.update(
-                status="slow",
+                status=P2P_SLOW,
                 detail=f"the copy from {slowest['from']} to {slowest['to']} moved {slowest['gbps']:g} GB/s, below {floor:g} (peers_min_bandwidth)"
                 f" of the {nominal:g} GB/s their {_link_words(kind)} allows",
             )

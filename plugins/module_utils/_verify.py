@@ -511,14 +511,14 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     _checks.number("peers_min_bandwidth", params.get("peers_min_bandwidth", 0.25), 0, 1)
     _checks.number("nvlink_error_threshold", params.get("nvlink_error_threshold", 0), 0, 1 << 40)
     _checks.number("shm_min_mib", params.get("shm_min_mib", 1024), 0, 1 << 30, unit="MiB")
-    if params.get("p2p_cache", "report") not in _peers.P2P_CACHE_CHOICES:
+    if params.get("peers_cache", "report") not in _peers.P2P_CACHE_CHOICES:
         raise CleanSlateError(
-            f"p2p_cache must be one of {', '.join(_peers.P2P_CACHE_CHOICES)}, got {params['p2p_cache']!r}.", reason=_reasons.BAD_ARGUMENTS, option="p2p_cache"
+            f"peers_cache must be one of {', '.join(_peers.P2P_CACHE_CHOICES)}, got {params['peers_cache']!r}.", reason=_reasons.BAD_ARGUMENTS, option="peers_cache"
         )
-    for path in params.get("p2p_cache_dirs") or []:
+    for path in params.get("peers_cache_dirs") or []:
         if not str(path).startswith("/") or ".." in str(path).split("/") or "\0" in str(path):
             raise CleanSlateError(
-                f"p2p_cache_dirs: {path!r} is not an absolute directory (globs allowed, '..' not).", reason=_reasons.BAD_ARGUMENTS, option="p2p_cache_dirs"
+                f"peers_cache_dirs: {path!r} is not an absolute directory (globs allowed, '..' not).", reason=_reasons.BAD_ARGUMENTS, option="peers_cache_dirs"
             )
     _checks.existing_dir("device_dir", params["device_dir"])
     containers = params.get("containers") or []
@@ -595,8 +595,8 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "links": {"type": "bool", "default": True},
         "nvlink_error_threshold": {"type": "int", "default": 0},
         "shm_min_mib": {"type": "int", "default": 1024},
-        "p2p_cache": {"type": "str", "default": "report", "choices": list(_peers.P2P_CACHE_CHOICES)},
-        "p2p_cache_dirs": {"type": "list", "elements": "str", "default": list(_peers.P2P_CACHE_DIRS)},
+        "peers_cache": {"type": "str", "default": "report", "choices": list(_peers.P2P_CACHE_CHOICES)},
+        "peers_cache_dirs": {"type": "list", "elements": "str", "default": list(_peers.P2P_CACHE_DIRS)},
     }
 
 

@@ -32,8 +32,17 @@ description:
   - With O(containers) (a container cleaned from its Proxmox VE node), the CUDA start and the device-file checks are made
     inside that container, where the next server starts, through C(pct exec) and the container's own C(python3), and
     NVML is read on the node before and after; a GPU whose start could not be made there is V(cuda_unproven).
-  - Changes nothing on the target. The CUDA probe takes a context and memory on each GPU for well under a second and
-    gives them back before the module returns.
+  - Ready together (RV(together)) - with O(peers), the GPUs whose CUDA start is made are also proven to reach each other
+    as a tensor-parallel server's do, in one more helper beside the starts, under the same deadline - for every pair, what
+    the driver says of peer access, peer access enabled both ways, a known pattern copied both ways, read back and
+    compared, and the copy's bandwidth against what the pair's link allows. With O(links), each GPU's NVLink links and
+    error counters, PCIe link, clock event reasons and temperature are read from NVML (in the same bounded helper as
+    every other reading); the room in C(/dev/shm) and vLLM's cached P2P answer are looked at. Each finding is named with
+    its verdict and joins the health verdict; a broken or hanging pair (or peer access unsupported with
+    O(peers_required)) fails the module with RV(reason=not_ready_together) although every GPU is clean.
+  - Changes nothing on the target but, with O(peers_cache=remove), a vLLM cache file that says peer access works where it
+    does not. The CUDA probe takes a context and memory on each GPU for well under a second and gives them back before
+    the module returns.
   - The P(gpuops.clean_slate.clean_slate#role) role runs it after M(gpuops.clean_slate.gpu_procs_kill).
 extends_documentation_fragment:
   - gpuops.clean_slate._attributes
@@ -168,6 +177,87 @@ options:
       - Without persistence mode the first start on an idle GPU re-initialises it (seconds); raise it there.
     type: float
     default: 10
+  peers:
+    description:
+      - Prove the GPUs whose CUDA start is made (those NVML reads clean, in the default compute mode; two or more) ready
+        together - for each pair, C(cuDeviceCanAccessPeer) both ways, C(cuCtxEnablePeerAccess) both ways, O(peers_copy_mib)
+        of a known pattern copied each way twice (C(cuMemcpyPeer), timed with events), read back and compared. One
+        helper process holds a context on each of them (made in parallel threads) beside the starts' helpers, under
+        O(cuda_probe_timeout); its copies wait until every start has passed its memset. A pair whose copy hangs is
+        named by its two GPUs when the helper is killed at the deadline.
+      - Findings (RV(together)) - V(p2p_unsupported) (the driver offers no peer access; a warning unless
+        O(peers_required)), V(p2p_broken) (a copy arrived changed, failed or hung, or enabling failed where the driver
+        offers it; fails the module), V(p2p_slow) (below O(peers_min_bandwidth) of the pair's link), V(peers_unproven)
+        (the check could not be made although every GPU started; fails the module).
+      - Needs O(cuda_probe); never in check mode. Measured on the simulated 8-GPU node (28 pairs) the matrix takes about
+        0.2 s beside the starts (docs/benchmarks.md, "Ready together").
+    type: bool
+    default: true
+  peers_required:
+    description:
+      - The next server needs peer access between every two of the GPUs (NCCL's P2P transport, vLLM's and SGLang's custom
+        all-reduce), so V(p2p_unsupported) fails the module (RV(reason=not_ready_together)); without it unsupported peer
+        access is reported as a warning (a server then falls back to copies through host memory).
+    type: bool
+    default: false
+  peers_copy_mib:
+    description:
+      - MiB of the pattern one peer copy moves, from 1 to 1024. Each direction of each pair copies it twice between two
+        events and reads it back once to compare; the check holds two buffers of it on each GPU.
+      - 8 MiB keeps 28 pairs well under a second while the copy is long enough for its time to be the link's (docs/benchmarks.md).
+    type: int
+    default: 8
+  peers_min_bandwidth:
+    description:
+      - A pair is V(p2p_slow) when a copy between them moves less than this share of what their link allows in one
+        direction, from 0 (never slow) to 1. The link is the one NVML reports for the pair - NVLink (the GPUs' links at 25
+        GB/s each for NVLink 2 to 4, 50 for NVLink 5, through NVSwitches; one link for a direct bridge) or PCIe (the
+        narrower GPU's maximum width at its maximum generation).
+      - The default is below what healthy pairs reach (copies reach about 80 % of a link's rate) and above a copy staged
+        through host memory; raise it once measured on your nodes.
+    type: float
+    default: 0.25
+  links:
+    description:
+      - Read each GPU's links, clocks and temperature from NVML and judge them (RV(together)) - V(nvlink_inactive) (a link
+        down while others of the GPU are up), V(nvlink_errors) (a link's replay, recovery or CRC counter above
+        O(nvlink_error_threshold)), V(pcie_width_degraded) (the link trained narrower than GPU and slot allow),
+        V(pcie_gen_degraded) (a lower generation than allowed while the GPU is busy - an idle GPU lowers its link's
+        generation to save power, so the generation is read while this module's CUDA start keeps the GPU busy and is never
+        judged idle), V(clocks_slowdown) (HW slowdown, HW thermal or power-brake slowdown, or SW thermal slowdown between
+        jobs) and V(temperature_high) (within 5 C of the thermal limit; a warning).
+      - A few dozen NVML calls per GPU, in the helper that bounds every NVML call.
+    type: bool
+    default: true
+  nvlink_error_threshold:
+    description:
+      - The most errors of one kind (replay, recovery, CRC flit, CRC data) one NVLink link may have counted since the driver
+        loaded or the GPU was reset before it is V(nvlink_errors), from 0 (any error; facebookresearch/gcm's default).
+    type: int
+    default: 0
+  shm_min_mib:
+    description:
+      - The room in MiB the next start needs free in C(/dev/shm) (the container's own with O(containers)), else V(shm_low);
+        V(0) does not look. NCCL's segments (about 9 MiB each) and the servers' queues go there, and a tmpfs without room
+        fails them with C(No space left on device) or a bus error; a Docker or Kubernetes default of 64 MiB is too small.
+    type: int
+    default: 1024
+  peers_cache:
+    description:
+      - What to do with vLLM's cached P2P answer (C(gpu_p2p_access_cache_for_<devices>.json) in O(peers_cache_dirs)) when it
+        says peer access works between GPUs where the check found it does not - vLLM trusts the file instead of testing
+        again. V(report) (V(p2p_cache_stale)), V(remove) (the file is removed, only when it is still the file read; not in
+        check mode) or V(ignore) (not looked at).
+    type: str
+    choices: [report, remove, ignore]
+    default: report
+  peers_cache_dirs:
+    description:
+      - Where vLLM keeps its cache (its C(VLLM_CACHE_ROOT), by default C(~/.cache/vllm)), absolute, a component may be a
+        glob; with O(containers), inside the container. A symbolic link on the way is not followed.
+    type: list
+    elements: str
+    default: [/root/.cache/vllm, /home/*/.cache/vllm]
   containers:
     description:
       - On a Proxmox VE node, the LXC container (one vmid) whose GPUs are verified from the node, as the
@@ -311,6 +401,8 @@ reason:
     - Why the module failed, on every failure. V(not_clean) (a selected GPU is not clean at the deadline; each GPU's
       RV(gpus[].diagnosis) says why), V(missing_gpus) (fewer healthy GPUs than O(expected_count)), V(bad_arguments),
       V(unhealthy) (the memory is clean but the health verdict is at or above O(fail_on); RV(health) says why),
+      V(not_ready_together) (every GPU is clean, but a pair's peer copies are broken or hang, the peer check could not be
+      made, or peer access is unsupported with O(peers_required); RV(together) says which),
       V(missing_library), V(internal_error), or, when the GPUs cannot be read, V(library_not_found),
       V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
       V(needs_reset), V(nvml_error) (NVML failed; the message says why and what to do) or V(driver_hung) (NVML did not
@@ -454,6 +546,28 @@ software:
   returned: always
   type: dict
   sample: {"findings": [], "inforom": [{"index": 0, "valid": true}]}
+together:
+  description:
+    - Ready together (null with both O(cuda_probe) and O(health) false) - C(ready) (False when a finding fails the module,
+      RV(reason=not_ready_together)), C(links) (per GPU C(index), C(nvlink) with C(links), C(active), C(inactive), C(version),
+      C(remote) and the non-zero C(errors) by link; C(pcie) with C(gen), C(gen_max), C(gen_gpu_max), C(width), C(width_max),
+      C(gen_under_load), C(gen_judged); C(clocks) with C(mask) and C(reasons); C(temperature) with C(gpu_c), C(margin_c),
+      C(slowdown_c); C(p2p), NVML's word on each pair; null for what the GPU does not report), C(peers) (C(checked),
+      C(skipped) saying why not, C(gpus), C(copy_mib), C(reps), C(min_bandwidth), C(setup_s), C(matrix_s), C(release_s),
+      C(elapsed_s), C(pid) and C(pairs), each with C(gpus), C(link), C(link_gbps), C(can_access), C(enabled), C(copies)
+      (C(from), C(to), C(gbps), C(match), C(error)), C(status) - V(ok), V(p2p_unsupported), V(p2p_broken), V(p2p_slow) or V(unchecked) -
+      and C(detail)), C(shm) (C(path), C(size_mib), C(free_mib)), C(p2p_caches) (each vLLM cache with C(path), C(devices),
+      C(entries), C(stale) pairs and C(removed)), C(findings) (C(name), C(verdict), C(gpu), C(gpus) for a pair, C(text)),
+      which the host's health verdict counts, and C(elapsed_s).
+  returned: always
+  type: dict
+  sample:
+    ready: true
+    findings: []
+    peers: {"checked": true, "gpus": [0, 1], "copy_mib": 8, "reps": 2, "matrix_s": 0.012,
+            "pairs": [{"gpus": [0, 1], "link": "nvlink", "link_gbps": 450.0, "status": "ok", "can_access": [true, true]}]}
+    shm: {"path": "/dev/shm", "size_mib": 515072, "free_mib": 515060}
+    p2p_caches: []
 health:
   description:
     - The host's health verdict, the worst of its GPUs' and of its own findings, with O(fail_on), the evidence (GPU by GPU),

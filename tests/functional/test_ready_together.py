@@ -131,14 +131,14 @@ def test_one_broken_pair_reads_clean_per_gpu_and_red_together_and_vllms_stale_an
     cache = cache_dir / "gpu_p2p_access_cache_for_0,1,2,3,4,5,6,7.json"
     cache.write_text(json.dumps({f"{a}->{b}": True for a in range(8) for b in range(8)}, indent=4))
     dirs = [str(tmp_path / "home" / "*" / ".cache" / "vllm")]
-    r = verify(mod, p2p_cache_dirs=dirs, fail_on="never")
+    r = verify(mod, peers_cache_dirs=dirs, fail_on="never")
     assert (r["_status"], r["reason"]) == ("failed", "not_ready_together"), r
     # Clean per GPU: NVML reads every GPU clean and every CUDA start works.
     assert all(g["clean"] and g["diagnosis"] == "clean" and g["startable"]["ok"] for g in r["gpus"])
     tg = r["together"]
     assert tg["ready"] is False
     [broken] = [p for p in tg["peers"]["pairs"] if p["status"] != "ok"]
-    assert broken["gpus"] == [2, 5] and broken["status"] == "broken" and broken["can_access"] == [True, True]
+    assert broken["gpus"] == [2, 5] and broken["status"] == "p2p_broken" and broken["can_access"] == [True, True]
     assert [c["match"] for c in broken["copies"]] == [False, False] and "arrived changed" in broken["detail"]
     assert sum(p["status"] == "ok" for p in tg["peers"]["pairs"]) == PAIRS - 1
     # Named by its two GPUs, with its verdict; vLLM's file, which says 2->5 works, is stale, and only reported here.
@@ -149,7 +149,7 @@ def test_one_broken_pair_reads_clean_per_gpu_and_red_together_and_vllms_stale_an
     assert any("p2p_broken" in e for e in r["health"]["evidence"]) and r["health"]["verdict"] == "reset_gpu"
     assert_no_traceback(r)
     # With removal asked (the role's choice when residue removal is on), the stale file goes; the pair stays red.
-    r = verify(mod, p2p_cache_dirs=dirs, p2p_cache="remove", fail_on="never")
+    r = verify(mod, peers_cache_dirs=dirs, peers_cache="remove", fail_on="never")
     assert (r["_status"], r["reason"]) == ("failed", "not_ready_together"), r
     [item] = r["together"]["p2p_caches"]
     assert item["removed"] is True and not cache.exists() and [n for n, _v, _g in names(r)] == ["p2p_broken"]
@@ -163,7 +163,7 @@ def test_a_hanging_pair_ends_on_time_named_by_its_gpus_with_no_helper_left(mod, 
     assert (r["_status"], r["reason"]) == ("failed", "not_ready_together"), r
     pairs = {tuple(p["gpus"]): p for p in r["together"]["peers"]["pairs"]}
     hung = pairs[(1, 6)]
-    assert hung["status"] == "broken" and "within 3 s" in hung["detail"] and "cuMemcpyPeer 1->6" in hung["detail"], hung
+    assert hung["status"] == "p2p_broken" and "within 3 s" in hung["detail"] and "cuMemcpyPeer 1->6" in hung["detail"], hung
     # The pairs checked before it were answered; those after it were not checked (the helper was killed).
     assert pairs[(0, 1)]["status"] == "ok" and pairs[(1, 2)]["status"] == "ok" and pairs[(6, 7)]["status"] == "unchecked"
     assert names(r)[0] == ("p2p_broken", "reset_gpu", [1, 6])
@@ -229,7 +229,7 @@ def test_bad_thresholds_and_sizes_are_refused_before_anything_runs(mod, node, sa
     for option, value, says in (
         ("peers_copy_mib", 0, "peers_copy_mib"),
         ("peers_min_bandwidth", 1.5, "peers_min_bandwidth"),
-        ("p2p_cache_dirs", ["relative/vllm"], "not an absolute directory"),
+        ("peers_cache_dirs", ["relative/vllm"], "not an absolute directory"),
     ):
         r = verify(mod, **{option: value})
         assert (r["_status"], r["reason"], r["option"]) == ("failed", "bad_arguments", option), r
