@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda_program, _health, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda_program, _findings, _health, _reasons
 
 #: cuda.h's CUresult names of the codes a start meets.
 ERROR_NAMES = {
@@ -59,20 +59,11 @@ _CODE_REASONS = {
     214: _reasons.ECC_UNCORRECTABLE,
     802: _reasons.FABRIC_NOT_READY,
 }
-#: Where each failed start puts the GPU on the health verdict's scale (``_health.VERDICTS``). A start that could not be
-#: made (``cuda_unproven``) says nothing of the GPU's health: the GPU is not clean, and its health is what was read.
-VERDICTS = {
-    _reasons.UVM_MISSING: _health.RESET_GPU,
-    _reasons.DEVICE_MISSING: _health.RESET_GPU,
-    _reasons.NO_LIBCUDA: _health.RESET_GPU,
-    _reasons.CUDA_BUSY: _health.RESTART_APP,
-    _reasons.CUDA_OOM: _health.RESET_GPU,
-    _reasons.ECC_UNCORRECTABLE: _health.RESET_GPU,
-    _reasons.FABRIC_NOT_READY: _health.RESET_GPU,
-    _reasons.CUDA_HUNG: _health.REBOOT,
-    _reasons.CUDA_ERROR: _health.RESET_GPU,
-    _reasons.CUDA_RESIDUE: _health.RESET_GPU,
-}
+#: Where each failed start puts the GPU on the health verdict's scale (``_health.VERDICTS``), from the one table of
+#: findings (a missing device file or nvidia-uvm is the configuration's fault, fix_config; a start that hangs, reboot).
+#: A start that could not be made (``cuda_unproven``) says nothing of the GPU's health: the GPU is not clean, and its
+#: health is what was read.
+VERDICTS = {reason: _findings.FINDINGS[reason].verdict for reason in _reasons.STARTABILITY if reason != _reasons.CUDA_UNPROVEN}
 #: Variables DCGM flags as breaking CUDA starts; the probe's helper runs without them (:data:`._cuda_program.BAD_ENV`).
 BAD_ENV = _cuda_program.BAD_ENV
 #: How long a killed helper may take to be reaped (:data:`._cuda_program.REAP_WAIT_S`).
@@ -148,17 +139,20 @@ def judge(
     }
     if record["ok"]:
         return record
-    reason, detail = _why(raw, gpu, fraction, timeout, devices, compute_mode, nvml_free_mib)
-    record.update(reason=reason, detail=detail)
+    reason, facts = _why(raw, gpu, fraction, timeout, devices, compute_mode, nvml_free_mib)
+    # What happened, then what fixes it (the table's word, said once per finding in a message).
+    record.update(reason=reason, facts=facts, detail=f"{facts} {_findings.FINDINGS[reason].fix}")
     return record
 
 
 def _why(
     raw: dict[str, t.Any], gpu: int, fraction: float, timeout: float, devices: dict[str, t.Any], compute_mode: str | None, nvml_free_mib: int | None
 ) -> tuple[str, str]:
+    """(reason, what happened) of a failed start; what fixes it is the reason's row of ``_findings.FINDINGS``."""
     code, step = raw.get("code"), raw.get("step")
     said = f"CUDA error {code} ({error_name(code)}{': ' + raw['text'] if raw.get('text') else ''}) in {step}"
     uvm = devices.get("uvm") or {"ok": True}
+    ctl = devices.get("ctl") or {"ok": True}
     node = (devices.get("gpus") or {}).get(gpu) or {"ok": True}
     if "unproven" in raw:
         return _reasons.CUDA_UNPROVEN, (
@@ -166,32 +160,38 @@ def _why(
             " through, nvidia-uvm missing): it is not proven startable."
         )
     if "dlopen_error" in raw:
-        return _reasons.NO_LIBCUDA, (
-            f"libcuda.so.1 cannot be loaded ({raw['dlopen_error']}): NVML works, but no CUDA program can start. Install the driver's"
-            " user-space libraries of the kernel module's version (in an LXC container, the host's driver version) or put their"
-            " directory on the loader's path."
-        )
+        return _reasons.NO_LIBCUDA, f"libcuda.so.1 cannot be loaded ({raw['dlopen_error']}): NVML works, but no CUDA program can start."
     if "hung" in raw or "died" in raw or "abandoned" in raw:
         where = raw.get("hung") or raw.get("died") or raw.get("abandoned")
         if "died" in raw:
-            return _reasons.CUDA_ERROR, f"the CUDA probe's helper died in {where} before it answered. Check dmesg for Xid errors and segfaults."
+            return _reasons.CUDA_ERROR, f"the CUDA probe's helper died in {where} before it answered."
         if "abandoned" in raw:
             return _reasons.CUDA_ERROR, f"the CUDA probe's helper was killed in {where}: the run that asked for it went away. Run again."
         return _reasons.CUDA_HUNG, (
             f"the CUDA start did not finish within {timeout:g} s (cuda_probe_timeout): it was stuck in {where}, and its helper"
-            " process was killed. A GPU that hangs a CUDA start is wedged in the driver (often in UVM): reboot the node (or follow"
-            " its documented recovery: stop every user of the GPU, then nvidia-smi -r -i <index>). Check dmesg for Xid errors first."
+            " process was killed. A GPU that hangs a CUDA start is wedged in the driver (often in UVM)."
         )
+    # The device files first: a node that is absent, another device's or refused is the configuration's fault whatever
+    # error code CUDA gives for it (999 from cuInit for a wrong nvidia-uvm, 100 for a missing nvidiactl).
     if not uvm["ok"]:
-        major = devices.get("uvm_major")
-        number = f" (its major number is {major} on this kernel, from /proc/devices)" if major else ""
-        return _reasons.UVM_MISSING, (
-            f"{said}: {uvm['why']}. NVML works without it, every CUDA start fails. On the host load the module (nvidia-modprobe"
-            f" -u -c=0, or modprobe nvidia-uvm); in an LXC container pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools through{number}:"
-            " the number is dynamic, so a device rule written for 195 misses it. Then restart the container."
-        )
+        return _reasons.UVM_MISSING, f"{said}: {uvm['why']}. NVML works without nvidia-uvm; every CUDA start needs it."
+    if not ctl["ok"]:
+        return _reasons.DEVICE_MISSING, f"{said}: {ctl['why']}. No CUDA program can start without the control device."
     if not node["ok"] and code in (100, 101, 999, None):
-        return _reasons.DEVICE_MISSING, f"{said}: {node['why']}. Pass the GPU's device file into the container (or load the driver), then run again."
+        return _reasons.DEVICE_MISSING, f"{said}: {node['why']}. CUDA cannot use this GPU here."
+    if code == 999 and step == "cuInit":
+        # cuInit fails with CUDA_ERROR_UNKNOWN where the driver's unified-memory part cannot be used (on an H100 with a
+        # node of /dev/null's numbers as /dev/nvidia-uvm): a GPU reset does not touch it.
+        if devices.get("uvm_loaded") is False:
+            why = "the nvidia-uvm module is not loaded on this kernel (/proc/devices lists no nvidia-uvm)"
+        elif devices.get("numbers_checked"):
+            why = "/dev/nvidia-uvm is present, is the nvidia-uvm device and opens, so the unified-memory driver itself refused"
+        else:
+            why = (
+                "/dev/nvidia-uvm is present and opens, but its numbers cannot be checked here (/proc/devices lists no NVIDIA driver): it may be"
+                " another device's node, or the module may not be loaded"
+            )
+        return _reasons.UVM_MISSING, f"{said}, while NVML reads the GPU: the unified-memory driver could not be used: {why}."
     if "mismatch" in raw:
         return _reasons.CUDA_ERROR, f"CUDA_VISIBLE_DEVICES named {raw['mismatch']}'s GPU but CUDA opened another: the UUIDs NVML and CUDA report differ."
     reason = _CODE_REASONS.get(code or 0, _reasons.CUDA_ERROR)
@@ -199,46 +199,41 @@ def _why(
         holder = "another process holds a context on it" + (
             " (one this namespace cannot see when NVML lists none)" if compute_mode == "exclusive_process" else ""
         )
-        mode = compute_mode or "not default"
-        return reason, (
-            f"{said}: the GPU's compute mode is {mode} and {holder}. End that process where it runs (on the host, or in the"
-            " container that owns it), or put the compute mode back to default (gpuops.clean_slate.gpu_mode_restore)."
-        )
+        return reason, f"{said}: the GPU's compute mode is {compute_mode or 'not default'} and {holder}."
     if reason == _reasons.CUDA_OOM:
         asked = int((raw.get("cuda_total_mib") or 0) * fraction)
         free = raw.get("cuda_free_mib")
         nvml = f" where NVML reads {nvml_free_mib} MiB free" if nvml_free_mib is not None else ""
         return reason, (
             f"{said}, asking for {asked} MiB ({fraction:.0%} of {raw.get('cuda_total_mib')} MiB, what a server asks for): CUDA"
-            f" reports {free} MiB free{nvml}. A server asking for this share would not start. Memory the driver holds that no"
-            " process explains needs a GPU reset (nvidia-smi -r -i <index>) or a reboot; lower cuda_probe_memory_fraction only if"
-            " your servers ask for less."
+            f" reports {free} MiB free{nvml}. A server asking for this share would not start (lower cuda_probe_memory_fraction only if"
+            " your servers ask for less)."
         )
     if reason == _reasons.ECC_UNCORRECTABLE:
-        return (
-            reason,
-            f"{said}: an uncorrectable ECC error this GPU has not been reset from. Reset it (nvidia-smi -r -i <index>) before the"
-            " next job; if it recurs, drain the node for NVIDIA's field diagnosis.",
-        )
+        return reason, f"{said}: an uncorrectable ECC error this GPU has not been reset from."
     if reason == _reasons.FABRIC_NOT_READY:
-        return reason, (
-            f"{said}: the NVLink fabric is not up, so CUDA says 'system not yet initialized' while nvidia-smi works. Start"
-            " nvidia-fabricmanager (systemctl start nvidia-fabricmanager), wait for it to complete, then run again."
-        )
-    advice = {
-        35: "the CUDA driver library is older than the kernel module: after a driver upgrade reboot; in a container install the host's driver version.",
-        803: "the CUDA driver library and the kernel module differ: after a driver upgrade reboot; in a container install the host's driver version.",
-        100: "CUDA sees no device: check the device files and CUDA_VISIBLE_DEVICES.",
-        999: "check that the nvidia-uvm module is loaded (lsmod) and dmesg for Xid errors; a GPU reset or a reboot may be needed.",
+        return reason, f"{said}: the NVLink fabric is not up, so CUDA says 'system not yet initialized' while nvidia-smi works."
+    library = {
+        34: "libcuda.so.1 is CUDA's stub library, not the driver's",
+        35: "libcuda.so.1 is older than the kernel module (a container's libraries older than the node's driver)",
+        803: (
+            "libcuda.so.1 and the kernel module are of different versions (a driver upgraded whose new kernel module is not loaded yet, or a"
+            " container's libraries not the node's driver version)"
+        ),
     }
-    return _reasons.CUDA_ERROR, f"{said}: {advice.get(code or 0, 'check dmesg for Xid errors; a GPU reset or a reboot may be needed.')}"
+    if code in library:
+        # The user-space driver does not match the kernel module: its installation, not the GPU, is at fault.
+        return _reasons.NO_LIBCUDA, f"{said}: {library[code]}."
+    what = {100: "CUDA sees no device (check the device files and CUDA_VISIBLE_DEVICES)"}
+    return _reasons.CUDA_ERROR, f"{said}" + (f": {what[code]}." if code in what else ".")
 
 
-def finding(record: dict[str, t.Any]) -> tuple[str, str] | None:
-    """``(verdict, sentence)`` of a failed start for the GPU's health, None for one that worked, did not run or could not be made."""
+def finding(record: dict[str, t.Any]) -> _health.Found | None:
+    """``(name, verdict, sentence)`` of a failed start for the GPU's health, None for one that worked, did not run or could
+    not be made."""
     if not record or record.get("ok") is not False or record.get("reason") not in VERDICTS:
         return None
-    return VERDICTS[record["reason"]], f"{record['reason']}: a CUDA start failed ({record['detail']})"
+    return record["reason"], VERDICTS[record["reason"]], f"a CUDA start failed ({record.get('facts') or record['detail']})"
 
 
 def modes(session: t.Any, gpu: t.Any) -> dict[str, t.Any]:

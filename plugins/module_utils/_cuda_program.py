@@ -38,6 +38,7 @@ deadline, with the pairs before it answered.
 """
 
 import ctypes
+import errno
 import fnmatch
 import json
 import os
@@ -75,49 +76,126 @@ MIB = 1 << 20
 
 
 # ---------------------------------------------------------------------- the device files
-def node(path: str) -> "dict[str, t.Any]":
-    """``{path, ok, why}`` of one device file: present, a character device (or, in a simulator, a file) and openable."""
+#: The names the NVIDIA driver registers its character devices under in /proc/devices: the GPUs' nodes (major 195:
+#: "nvidia", "nvidia-frontend" on older drivers), nvidiactl (195 too, listed again as "nvidiactl" by R580), the
+#: unified-memory devices (a dynamic major: 238 on an H100 with driver 580.159.04,
+#: docs/results/round4-facts-h100x1-2026-12-05.json) and the MIG capabilities.
+FRONTEND = ("nvidia", "nvidia-frontend")
+CTL = ("nvidiactl", *FRONTEND)
+UVM = ("nvidia-uvm",)
+CAPS = ("nvidia-caps",)
+#: nvidiactl's minor on the GPUs' major; nvidia-uvm-tools is nvidia-uvm's major, minor 1.
+CTL_MINOR = 255
+
+
+def char_majors() -> "dict[int, str]":
+    """The character devices' majors and the drivers /proc/devices names for them ({} when it cannot be read)."""
+    out = {}
+    try:
+        with open("/proc/devices", encoding="utf-8") as fh:
+            block = False
+            for line in fh:
+                if line.strip().endswith(":"):
+                    block = line.startswith("Character")
+                    continue
+                parts = line.split()
+                # A major listed under two names (195: nvidia, then nvidiactl) is named by its first.
+                if block and len(parts) == 2 and parts[0].isdigit():
+                    out.setdefault(int(parts[0]), parts[1])
+    except OSError:
+        return {}
+    return out
+
+
+def driver_major(names: "t.Sequence[str]", majors: "dict[int, str]") -> "int | None":
+    """The major /proc/devices gives the first of ``names`` it lists (None where the driver is not listed)."""
+    for name in names:
+        for major, driver in sorted(majors.items()):
+            if driver == name:
+                return major
+    return None
+
+
+def node(path: str, want: "t.Any" = None, majors: "dict[int, str] | None" = None) -> "dict[str, t.Any]":
+    """``{path, ok, why, fault}`` of one device file: present, the device it is named for, and openable.
+
+    ``want`` is ``(driver names, minor)``: the node must be a character device of the major /proc/devices gives that
+    driver (``majors``, :func:`char_majors`), with that minor (None: any). Where /proc/devices lists no such driver (a
+    simulated driver, a sandbox that hides it) the numbers cannot be checked and only presence and opening count.
+    ``fault`` names what is wrong: ``absent``, ``wrong`` (another device, or a regular file where the driver serves
+    nodes), ``refused`` (the device cgroup, or the file's permissions), ``unopenable`` (any other error), or None.
+    """
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return {"path": path, "ok": False, "why": f"{path} is absent"}
+        return {"path": path, "ok": False, "why": f"{path} is absent", "fault": "absent"}
     except OSError as exc:
-        return {"path": path, "ok": False, "why": f"{path} cannot be looked at ({exc.strerror})"}
+        return {"path": path, "ok": False, "why": f"{path} cannot be looked at ({exc.strerror})", "fault": "unopenable"}
     if os.path.isdir(path):
         names = sorted(os.listdir(path))
         if not names:
-            return {"path": path, "ok": False, "why": f"{path} is empty"}
+            return {"path": path, "ok": False, "why": f"{path} is empty", "fault": "absent"}
         bad = [n for n in (node(os.path.join(path, name)) for name in names) if not n["ok"]]
-        return {"path": path, "ok": not bad, "why": bad[0]["why"] if bad else None}
+        return {"path": path, "ok": not bad, "why": bad[0]["why"] if bad else None, "fault": bad[0]["fault"] if bad else None}
+    majors = char_majors() if majors is None and want is not None else (majors or {})
+    if want is not None:
+        names, minor = want
+        major = driver_major(names, majors)
+        if major is not None:
+            # The kernel says which driver serves which numbers: hold the node to it. A node with another device's numbers
+            # (/dev/null bound over it, a node made with the GPUs' 195 for nvidia-uvm's dynamic major) opens, and CUDA fails.
+            numbers = f"{major}:{minor}" if minor is not None else f"major {major}"
+            if not stat.S_ISCHR(st.st_mode):
+                return {
+                    "path": path,
+                    "ok": False,
+                    "fault": "wrong",
+                    "why": f"{path} is a regular file, not the {names[0]} device ({numbers}): a bind mount whose source was missing leaves one",
+                }
+            got = (os.major(st.st_rdev), os.minor(st.st_rdev))
+            if got[0] != major or (minor is not None and got[1] != minor):
+                owner = majors.get(got[0])
+                whose = f" ({owner}'s numbers)" if owner and owner not in names else ""
+                return {
+                    "path": path,
+                    "ok": False,
+                    "fault": "wrong",
+                    "rdev": list(got),
+                    "why": f"{path} is {got[0]}:{got[1]}{whose}, not the {names[0]} device ({numbers} on this kernel, from /proc/devices)",
+                }
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
-        # In a container the device cgroup refuses here (EPERM); a node of a driver not loaded says ENXIO/ENODEV.
-        return {"path": path, "ok": False, "why": f"{path} is present but cannot be opened ({exc.strerror})", "mode": oct(st.st_mode)}
+        # EPERM: the device cgroup (a container's device rules refuse at open, not at stat); EACCES: the file's mode.
+        refused = exc.errno in (errno.EPERM, errno.EACCES)
+        what = {errno.EPERM: "the device cgroup refuses it", errno.EACCES: "its permissions refuse it"}.get(exc.errno or 0, exc.strerror or "")
+        if exc.errno in (errno.ENXIO, errno.ENODEV):
+            what = "no driver serves its numbers"
+        return {
+            "path": path,
+            "ok": False,
+            "fault": "refused" if refused else "unopenable",
+            "why": f"{path} is present but cannot be opened: {what} ({exc.strerror})",
+            "mode": oct(st.st_mode),
+        }
     os.close(fd)
-    return {"path": path, "ok": True, "why": None}
+    return {"path": path, "ok": True, "why": None, "fault": None}
 
 
-def uvm_major() -> "int | None":
+def uvm_major(majors: "dict[int, str] | None" = None) -> "int | None":
     """nvidia-uvm's major number from /proc/devices (dynamic: 511, 508, 238 ... where 195 is the GPUs'), or None."""
-    try:
-        with open("/proc/devices", encoding="utf-8") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) == 2 and parts[1] == "nvidia-uvm" and parts[0].isdigit():
-                    return int(parts[0])
-    except OSError:
-        return None
-    return None
+    return driver_major(UVM, char_majors() if majors is None else majors)
 
 
 def device_nodes(device_dir: str, gpus: "t.Sequence[t.Sequence[t.Any]]", nvml_count: int) -> "dict[str, t.Any]":
     """What the device files say: ``gpus`` (index -> node), ``ctl``, ``uvm``, ``uvm_tools``, ``caps`` (where a selected
-    GPU has MIG on, else None), ``gpu_files`` (how many ``nvidia<N>`` files), ``nvml_count`` and ``uvm_major``.
+    GPU has MIG on, else None), ``gpu_files`` (how many ``nvidia<N>`` files), ``nvml_count``, ``uvm_major`` and
+    ``numbers_checked`` (whether /proc/devices lists the driver, so that each node's numbers were held to it).
 
     ``gpus`` is ``(index, minor, mig_on)`` of each selected GPU.
     """
     join = os.path.join
+    majors = char_majors()
     try:
         files = sum(1 for name in os.listdir(device_dir) if re.match(r"^nvidia\d+$", name))
     except OSError:
@@ -125,15 +203,20 @@ def device_nodes(device_dir: str, gpus: "t.Sequence[t.Sequence[t.Any]]", nvml_co
     return {
         "dir": device_dir,
         "gpus": {
-            index: node(join(device_dir, f"nvidia{minor}")) if minor is not None else {"path": None, "ok": True, "why": None} for index, minor, _mig in gpus
+            index: node(join(device_dir, f"nvidia{minor}"), (FRONTEND, minor), majors)
+            if minor is not None
+            else {"path": None, "ok": True, "why": None, "fault": None}
+            for index, minor, _mig in gpus
         },
-        "ctl": node(join(device_dir, "nvidiactl")),
-        "uvm": node(join(device_dir, "nvidia-uvm")),
-        "uvm_tools": node(join(device_dir, "nvidia-uvm-tools")),
+        "ctl": node(join(device_dir, "nvidiactl"), (CTL, CTL_MINOR), majors),
+        "uvm": node(join(device_dir, "nvidia-uvm"), (UVM, 0), majors),
+        "uvm_tools": node(join(device_dir, "nvidia-uvm-tools"), (UVM, 1), majors),
         "caps": node(join(device_dir, "nvidia-caps")) if any(mig for _i, _m, mig in gpus) else None,
         "gpu_files": files,
         "nvml_count": nvml_count,
-        "uvm_major": uvm_major(),
+        "uvm_major": uvm_major(majors),
+        "numbers_checked": driver_major(FRONTEND, majors) is not None,
+        "uvm_loaded": None if driver_major(FRONTEND, majors) is None else uvm_major(majors) is not None,
     }
 
 
@@ -787,12 +870,14 @@ def main(argv: "t.Sequence[str]") -> int:
     ``p2p_caches`` (:func:`next_start`, the container's own),
     ``python`` (this interpreter's version) and ``pid`` (the program's, as the container numbers it)."""
     request = json.loads(argv[1])
-    devices = device_nodes(request["device_dir"], request["gpus"], request["nvml_count"])
     # stdin is the caller's pipe: it reads end-of-file once the caller (pct exec, the module) is gone. Anything else
     # there (a terminal, /dev/null) says nothing of the caller, and only the deadlines hold.
     mode = os.fstat(0).st_mode
     lifeline = 0 if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
     raw, peers, left = probe_all(request["targets"], request["fraction"], request["timeout"], request.get("peers"), lifeline=lifeline)
+    # The device files after the starts: the driver's nvidia-modprobe may have made a missing node (as root), as a
+    # server's start would; what is still absent, wrong or refused then is the fault.
+    devices = device_nodes(request["device_dir"], request["gpus"], request["nvml_count"])
     answer = {"devices": devices, "raw": raw, "peers": peers, "left_behind": left, "python": ".".join(map(str, sys.version_info[:3])), "pid": os.getpid()}
     answer.update(next_start("/", peers, request))
     sys.stdout.write(ANSWER + json.dumps(answer) + "\n")

@@ -4,7 +4,8 @@
 
 # Note: this module_util is PRIVATE to the collection; it may change without notice.
 
-"""Every finding the modules can report, and what fixes it: one table, data only (beside the Xid catalog, :mod:`._xids`).
+"""Every finding the modules can report, and what fixes it: one table, data only (beside the Xid catalog, :mod:`._xids`;
+the names that are also failure reasons or diagnoses are :mod:`._reasons`' constants).
 
 A finding is named (``name``, stable, machine-readable), put on the health verdict's scale (``verdict``) and given the
 fix an on-call engineer applies (``fix``, one sentence), and where that fix is made (``where``). The verdict is what a
@@ -25,6 +26,8 @@ the code names, to one another.
 from __future__ import annotations
 
 import typing as t
+
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _reasons
 
 # The verdicts (the scale is :data:`._health.VERDICTS`; a unit test holds these names to it).
 OK = "ok"
@@ -58,84 +61,125 @@ class Finding(t.NamedTuple):
 
 FINDINGS: dict[str, Finding] = {
     # ------------------------------------------------------------------ memory diagnoses (gpus[].diagnosis)
-    "busy": Finding(NONE, PROCESS, "End the processes that hold it (the kill phase, gpuops.clean_slate.gpu_procs_kill) or stop the service that owns them."),
-    "held_by_protected": Finding(
+    _reasons.BUSY: Finding(
+        NONE, PROCESS, "End the processes that hold it (the kill phase, gpuops.clean_slate.gpu_procs_kill) or stop the service that owns them."
+    ),
+    _reasons.HELD_BY_PROTECTED: Finding(
         NONE,
         PROCESS,
         "Stop the protected daemon through its service (systemctl stop nvidia-dcgm, ...), or take it off the protect list"
         " (clean_slate_unprotect) if it must go with the job.",
     ),
-    "held_outside_namespace": Finding(
+    _reasons.HELD_OUTSIDE_NAMESPACE: Finding(
         NONE, PROCESS, "Clean where the holders live: on the Proxmox node with containers: [<vmid>], or inside the container that owns them."
     ),
-    "orphaned_context": Finding(RESET_GPU, GPU, "No process holds the memory: reset the GPU (see the reset plan), or reboot the node."),
-    "needs_reset": Finding(RESET_GPU, GPU, "The driver asks for recovery before the GPU is used again: reset the GPU (see the reset plan), or reboot if it asks for a reboot."),
-    "unsupported": Finding(NONE, NOTHING, "This GPU does not report its memory use (unified-memory platforms such as GB10): it cannot be verified by memory."),
-    "unresponsive": Finding(RESET_GPU, GPU, "The driver timed out answering: check dmesg for Xid errors; reset the GPU or reboot the node."),
-    "gpu_lost": Finding(REBOOT, NODE, "The GPU fell off the bus (Xid 79): drain the node and reboot or power-cycle it."),
-    "driver_hung": Finding(REBOOT, NODE, "An NVML call never returned (the driver is hung): drain the node and reboot it."),
+    _reasons.ORPHANED_CONTEXT: Finding(RESET_GPU, GPU, "No process holds the memory: reset the GPU (see the reset plan), or reboot the node."),
+    _reasons.NEEDS_RESET: Finding(
+        RESET_GPU, GPU, "The driver asks for recovery before the GPU is used again: reset the GPU (see the reset plan), or reboot if it asks for a reboot."
+    ),
+    _reasons.UNSUPPORTED: Finding(
+        NONE, NOTHING, "This GPU does not report its memory use (unified-memory platforms such as GB10): it cannot be verified by memory."
+    ),
+    _reasons.UNRESPONSIVE: Finding(RESET_GPU, GPU, "The driver timed out answering: check dmesg for Xid errors; reset the GPU or reboot the node."),
+    _reasons.GPU_LOST: Finding(REBOOT, NODE, "The GPU fell off the bus (Xid 79): drain the node and reboot or power-cycle it."),
+    _reasons.DRIVER_HUNG: Finding(REBOOT, NODE, "An NVML call never returned (the driver is hung): drain the node and reboot it."),
     # ------------------------------------------------------------------ the kill
-    "unkillable": Finding(REBOOT, NODE, "A process is stuck in the kernel (usually the driver) and SIGKILL cannot end it: drain the node and reboot it."),
-    "holders_remain": Finding(NONE, PROCESS, "Something keeps starting GPU processes: stop its service first (clean_slate_pre_stop_commands), then run again."),
+    _reasons.UNKILLABLE: Finding(
+        REBOOT, NODE, "A process is stuck in the kernel (usually the driver) and SIGKILL cannot end it: drain the node and reboot it."
+    ),
+    "gpus_not_listed": Finding(
+        NONE,
+        CONFIG,
+        "Give the host every GPU it is expected to have: a GPU NVML does not list with its device file in place has fallen off the bus or was"
+        " not passed through (check dmesg for Xid 79, lspci, and the container's configuration).",
+    ),
+    _reasons.HOLDERS_REMAIN: Finding(
+        NONE, PROCESS, "Something keeps starting GPU processes: stop its service first (clean_slate_pre_stop_commands), then run again."
+    ),
     # ------------------------------------------------------------------ health readings (gpu_mem_verify's health)
-    "xid": Finding(READING, READING, "What NVIDIA's Xid catalog gives the Xid (its resolution bucket): restart the application, reset the GPU, reboot, or service."),
+    "xid": Finding(
+        READING, READING, "What NVIDIA's Xid catalog gives the Xid (its resolution bucket): restart the application, reset the GPU, reboot, or service."
+    ),
     "recovery_action": Finding(READING, READING, "What the driver's recovery action asks for: a GPU reset, a reboot, or draining peer-to-peer traffic."),
-    "row_remap_failure": Finding(DRAIN, SERVICE, "A row remapping failed: the memory cannot be repaired in the field; drain the node for NVIDIA's field diagnosis (RMA)."),
+    "row_remap_failure": Finding(
+        DRAIN, SERVICE, "A row remapping failed: the memory cannot be repaired in the field; drain the node for NVIDIA's field diagnosis (RMA)."
+    ),
     "row_remap_pending": Finding(RESET_GPU, GPU, "A row remapping is pending: it takes effect at the next GPU reset; reset the GPU."),
     "page_retirement_pending": Finding(RESET_GPU, GPU, "A page retirement is pending: it takes effect at the next GPU reset; reset the GPU."),
-    "ecc_volatile": Finding(RESTART_APP, APP, "Uncorrectable ECC errors since the driver loaded: the application that met them must restart (the next start is that restart)."),
+    "ecc_volatile": Finding(
+        RESTART_APP, APP, "Uncorrectable ECC errors since the driver loaded: the application that met them must restart (the next start is that restart)."
+    ),
     "fabric_incomplete": Finding(
         FIX_CONFIG, CONFIG, "The NVLink fabric is not up: start nvidia-fabricmanager (systemctl start nvidia-fabricmanager) and wait until it completes."
     ),
-    "fabric_error": Finding(RESET_GPU, GPU, "The NVLink fabric setup completed with an error: reset the GPUs of the fabric together (see the reset plan), or reboot."),
-    "fabricmanager_not_running": Finding(FIX_CONFIG, CONFIG, "nvidia-fabricmanager is not running where the GPUs have a fabric to bring up: start it and enable it at boot."),
+    "fabric_error": Finding(
+        RESET_GPU, GPU, "The NVLink fabric setup completed with an error: reset the GPUs of the fabric together (see the reset plan), or reboot."
+    ),
+    "fabricmanager_not_running": Finding(
+        FIX_CONFIG, CONFIG, "Start nvidia-fabricmanager and enable it at boot: the GPUs have an NVLink fabric that only it brings up."
+    ),
     "compute_mode": Finding(RESTART_APP, APP, "Put the compute mode back to default (clean_slate_restore: {compute_mode: default})."),
     "mps_daemon": Finding(RESTART_APP, APP, "Stop the MPS daemon left behind (clean_slate_restore: {mps: stopped})."),
     "mig_pending": Finding(RESET_GPU, GPU, "A MIG mode change is pending: it takes effect at the next GPU reset; reset the GPU."),
     # ------------------------------------------------------------------ the CUDA start (gpus[].startable.reason)
-    "uvm_missing": Finding(
+    _reasons.UVM_MISSING: Finding(
         FIX_CONFIG,
         CONFIG,
         "Make /dev/nvidia-uvm the nvidia-uvm device where the start runs: load the module on the node (nvidia-modprobe -u -c=0); in an LXC"
         " container pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools through with the major /proc/devices gives nvidia-uvm (it is dynamic),"
         " then restart the container.",
     ),
-    "device_missing": Finding(
+    _reasons.DEVICE_MISSING: Finding(
         FIX_CONFIG,
         CONFIG,
         "Give the start the GPU's own device file: pass /dev/nvidia<minor> and /dev/nvidiactl into the container (the node's major and minor,"
         " allowed by its device rules), or load the driver on the node.",
     ),
-    "no_libcuda": Finding(
-        FIX_CONFIG, CONFIG, "Install the driver's user-space libraries (libcuda.so.1) of the kernel module's version where the start runs (in a container: the node's)."
+    _reasons.NO_LIBCUDA: Finding(
+        FIX_CONFIG,
+        CONFIG,
+        "Make libcuda.so.1 the driver's, of the loaded kernel module's version, where the start runs: in a container install the node's driver"
+        " version; on a node whose driver was upgraded, load the new kernel module (with nothing using the GPUs).",
     ),
-    "cuda_busy": Finding(
-        RESTART_APP, APP, "End the process that holds a context where it runs (the node, or the container that owns it), or put the compute mode back to default."
+    _reasons.CUDA_BUSY: Finding(
+        RESTART_APP,
+        APP,
+        "End the process that holds a context where it runs (the node, or the container that owns it), or put the compute mode back to default.",
     ),
-    "cuda_oom": Finding(RESET_GPU, GPU, "Memory no process explains cannot be allocated: reset the GPU (see the reset plan) or reboot."),
-    "ecc_uncorrectable": Finding(RESET_GPU, GPU, "An uncorrectable ECC error the GPU has not been reset from: reset it; if it recurs, drain the node for field diagnosis."),
-    "fabric_not_ready": Finding(
-        FIX_CONFIG, CONFIG, "The NVLink fabric is not up: start nvidia-fabricmanager (systemctl start nvidia-fabricmanager), wait for it to complete, run again."
+    _reasons.CUDA_OOM: Finding(RESET_GPU, GPU, "Memory no process explains cannot be allocated: reset the GPU (see the reset plan) or reboot."),
+    _reasons.ECC_UNCORRECTABLE: Finding(
+        RESET_GPU, GPU, "An uncorrectable ECC error the GPU has not been reset from: reset it; if it recurs, drain the node for field diagnosis."
     ),
-    "cuda_hung": Finding(REBOOT, NODE, "A CUDA start hangs in the driver (often in UVM): check dmesg for Xid errors, drain the node and reboot it."),
-    "cuda_error": Finding(RESET_GPU, GPU, "Check dmesg for Xid errors; reset the GPU (see the reset plan) or reboot the node."),
-    "cuda_residue": Finding(RESET_GPU, GPU, "The probe's own context stayed on the GPU after its helper ended: check dmesg; reset the GPU or reboot."),
-    "cuda_unproven": Finding(
+    _reasons.FABRIC_NOT_READY: Finding(
+        FIX_CONFIG,
+        CONFIG,
+        "The NVLink fabric is not up: start nvidia-fabricmanager (systemctl start nvidia-fabricmanager), wait for it to complete, run again.",
+    ),
+    _reasons.CUDA_HUNG: Finding(REBOOT, NODE, "A CUDA start hangs in the driver (often in UVM): check dmesg for Xid errors, drain the node and reboot it."),
+    _reasons.CUDA_ERROR: Finding(RESET_GPU, GPU, "Check dmesg for Xid errors; reset the GPU (see the reset plan) or reboot the node."),
+    _reasons.CUDA_RESIDUE: Finding(RESET_GPU, GPU, "The probe's own context stayed on the GPU after its helper ended: check dmesg; reset the GPU or reboot."),
+    _reasons.CUDA_UNPROVEN: Finding(
         FIX_CONFIG,
         CONFIG,
         "Let the start run inside the container: install python3 there and check pct; or clean it from inside (its own SSH), or set"
         " clean_slate_cuda_probe: false to accept NVML's word.",
     ),
     # ------------------------------------------------------------------ the software checks (DCGM level 1)
-    "uvm_tools_missing": Finding(OK, NOTHING, "CUDA starts; pass /dev/nvidia-uvm-tools through only if profilers and debuggers (CUPTI, Nsight, cuda-gdb) must run."),
+    "uvm_tools_missing": Finding(
+        OK, NOTHING, "CUDA starts; pass /dev/nvidia-uvm-tools through only if profilers and debuggers (CUPTI, Nsight, cuda-gdb) must run."
+    ),
     "caps_missing": Finding(FIX_CONFIG, CONFIG, "MIG is on and CUDA needs the MIG capability devices: pass /dev/nvidia-caps through."),
     "device_count": Finding(OK, NOTHING, "Check that every GPU the next server uses has its device file here (DCGM's device count check)."),
     "persistence_off": Finding(OK, NOTHING, "Run nvidia-persistenced, so that a start does not re-initialise the GPU (seconds)."),
     "cuda_env": Finding(
         FIX_CONFIG, CONFIG, "Remove the variable where it is set: CUDA programs started with it load a profiler or debugger hook, or dump core and wait."
     ),
-    "inforom_corrupt": Finding(DRAIN, SERVICE, "The infoROM is corrupted: its ECC and retirement records cannot be trusted; drain the node and have it reflashed (NVIDIA support)."),
-    "devices_unchecked": Finding(OK, NOTHING, "The container's device files were not checked: let the check run inside it (python3 there), or check them by hand."),
+    "inforom_corrupt": Finding(
+        DRAIN, SERVICE, "The infoROM is corrupted: its ECC and retirement records cannot be trusted; drain the node and have it reflashed (NVIDIA support)."
+    ),
+    "devices_unchecked": Finding(
+        OK, NOTHING, "The container's device files were not checked: let the check run inside it (python3 there), or check them by hand."
+    ),
     # ------------------------------------------------------------------ ready together (issue 39: together.findings)
     # Peer access the driver does not offer is the host's topology or configuration (GPUs behind different root ports or
     # sockets, ACS redirecting peer traffic, a VM's passthrough, an IOMMU setting): no reset changes it. Reported as a
@@ -196,8 +240,10 @@ FINDINGS: dict[str, Finding] = {
 XID_BUCKETS = {
     "IGNORE": OK,
     "RESTART_APP": RESTART_APP,
+    "UPDATE_SWFW": FIX_CONFIG,
     "RESET_GPU": RESET_GPU,
     "RESTART_BM": REBOOT,
+    "RESTART_VM": REBOOT,
     "CONTACT_SUPPORT": DRAIN,
     "CHECK_MECHANICALS": DRAIN,
     "DRAIN_P2P": DRAIN,

@@ -41,7 +41,7 @@ import stat
 import time
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _nvml, _reasons, _xids
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _findings, _nvml, _reasons, _xids
 
 try:
     import pynvml
@@ -51,23 +51,25 @@ except ImportError:  # pragma: no cover - depends on the target host
     HAS_PYNVML = False
 
 # ---------------------------------------------------------------------- verdicts
-OK = "ok"
-RESTART_APP = "restart_app"
-RESET_GPU = "reset_gpu"
-REBOOT = "reboot"
-DRAIN = "drain"
+OK = _findings.OK
+RESTART_APP = _findings.RESTART_APP
+#: A configuration fault (a device file, nvidia-uvm, libcuda, a flagged variable, a driver service): no reset or reboot
+#: fixes it, and none is needed; the configuration does (DCGM's CONFIG severity, not its RESET).
+FIX_CONFIG = _findings.FIX_CONFIG
+RESET_GPU = _findings.RESET_GPU
+REBOOT = _findings.REBOOT
+DRAIN = _findings.DRAIN
 #: Worst last: the host's verdict is the worst of its GPUs' and its own findings.
-VERDICTS = (OK, RESTART_APP, RESET_GPU, REBOOT, DRAIN)
+VERDICTS = (OK, RESTART_APP, FIX_CONFIG, RESET_GPU, REBOOT, DRAIN)
 #: ``fail_on`` also accepts this: report, never fail.
 NEVER = "never"
 FAIL_ON_CHOICES = (*VERDICTS, NEVER)
 
+#: What each verdict asks for, said once after the findings (each finding's own fix is in _findings.FINDINGS).
 ADVICE = {
-    RESTART_APP: "the GPU works; restart the application (or restore the settings the last job left with gpuops.clean_slate.gpu_mode_restore).",
-    RESET_GPU: (
-        "drain the GPU and reset it before the next job: stop its management daemons (nvidia-persistenced, nv-hostengine,"
-        " dcgm-exporter, and on NVSwitch systems nvidia-fabricmanager) and run nvidia-smi -r -i <index>, or reboot the node."
-    ),
+    RESTART_APP: "the GPUs work; the application, or a setting it left, must be dealt with (each finding says how).",
+    FIX_CONFIG: "fix the configuration each finding names; no GPU reset or reboot fixes it, and none is needed.",
+    RESET_GPU: "reset the GPUs the reset plan names, from where it says, or reboot the node.",
     REBOOT: "drain the node and reboot it (a GPU reset cannot recover this).",
     DRAIN: "drain the node and keep it out of service: the GPU needs NVIDIA's field diagnosis (and likely an RMA), or its peers' P2P traffic must stop first.",
 }
@@ -96,17 +98,8 @@ def fails(verdict: str, fail_on: str) -> bool:
 
 
 # ---------------------------------------------------------------------- Xid catalog
-#: The verdict of each bucket of the Xid catalog (the table itself: :mod:`._xids`).
-BUCKET_VERDICTS = {
-    _xids.IGNORE: OK,
-    _xids.RESTART_APP: RESTART_APP,
-    _xids.RESET_GPU: RESET_GPU,
-    _xids.RESTART_BM: REBOOT,
-    _xids.CONTACT_SUPPORT: DRAIN,
-    _xids.CHECK_MECHANICALS: DRAIN,
-    _xids.DRAIN_P2P: DRAIN,
-    _xids.UNKNOWN: RESET_GPU,
-}
+#: The verdict of each bucket of the Xid catalog (the table itself: :mod:`._xids`; the buckets' verdicts: _findings).
+BUCKET_VERDICTS = _findings.XID_BUCKETS
 
 # Xid 154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)".
 _XID154_TO = re.compile(r"to\s+0x([0-9a-fA-F]+)")
@@ -470,7 +463,13 @@ def _fabric(handle: t.Any) -> dict[str, t.Any] | None:
             ret = _code(exc)
     if ret != 0:
         return None
-    return {"state": FABRIC_STATES.get(int(info.state), f"unknown_{int(info.state)}"), "status": int(info.status)}
+    # The fabric's cluster and clique: the GPUs that share them are one NVLink fabric (a reset plan resets them together).
+    return {
+        "state": FABRIC_STATES.get(int(info.state), f"unknown_{int(info.state)}"),
+        "status": int(info.status),
+        "cluster_uuid": bytes(info.clusterUuid).hex(),
+        "clique_id": int(info.cliqueId),
+    }
 
 
 def read_gpu(handle: t.Any) -> dict[str, t.Any]:
@@ -576,17 +575,22 @@ def fabric_present(readings: t.Iterable[dict[str, t.Any]]) -> bool:
 
 
 # ---------------------------------------------------------------------- verdicts
-def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None, extra: t.Sequence[tuple[str, str]] = ()) -> dict[str, t.Any]:
-    """``{verdict, evidence, readings}`` of one GPU: each finding a sentence naming its verdict, the verdict the worst.
-    ``extra`` are findings read elsewhere (a failed CUDA start: ``_cuda.finding``), as ``(verdict, sentence)``."""
-    found: list[tuple[str, str]] = list(extra)
+#: A finding as the judges collect it: (name, verdict, sentence); the name is a key of _findings.FINDINGS.
+Found = t.Tuple[str, str, str]
+
+
+def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None, extra: t.Sequence[Found] = ()) -> dict[str, t.Any]:
+    """``{verdict, evidence, findings, readings}`` of one GPU: each finding named (``findings``: name, verdict, text) and
+    as a sentence naming its verdict (``evidence``), the verdict the worst. ``extra`` are findings read elsewhere (a
+    failed CUDA start: ``_cuda.finding``), as ``(name, verdict, sentence)``."""
+    found: list[Found] = list(extra)
     if diagnosis == _reasons.DRIVER_HUNG:
-        found.append((REBOOT, "an NVML call on this GPU did not return (the driver is hung)"))
+        found.append((_reasons.DRIVER_HUNG, REBOOT, "an NVML call on this GPU did not return (the driver is hung)"))
     elif diagnosis == _reasons.GPU_LOST:
-        found.append((REBOOT, "the GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST, Xid 79)"))
+        found.append((_reasons.GPU_LOST, REBOOT, "the GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST, Xid 79)"))
     action = readings.get("recovery_action")
     if action and action != "none":
-        found.append((RECOVERY_VERDICTS.get(action, RESET_GPU), f"the driver's recovery action is {action}"))
+        found.append(("recovery_action", RECOVERY_VERDICTS.get(action, RESET_GPU), f"the driver's recovery action is {action}"))
     seen: set[tuple[int, str]] = set()
     for event in readings.get("xid") or []:
         verdict = BUCKET_VERDICTS.get(event["bucket"], RESET_GPU)
@@ -594,34 +598,50 @@ def judge_gpu(readings: dict[str, t.Any], diagnosis: str | None = None, extra: t
             continue
         seen.add((event["xid"], verdict))
         unknown = " (not in the collection's table of NVIDIA's Xid catalog: treated as needing a reset)" if event["bucket"] == "UNKNOWN" else ""
-        found.append((verdict, f"Xid {event['xid']} in the kernel log ({event['bucket']}){unknown}: {event['line']}"))
+        found.append(("xid", verdict, f"Xid {event['xid']} in the kernel log ({event['bucket']}){unknown}: {event['line']}"))
     rows = readings.get("remapped_rows")
     if rows:
         if rows["failure"]:
-            found.append((DRAIN, "a row remapping failed (the memory cannot be repaired in the field: RMA)"))
+            found.append(("row_remap_failure", DRAIN, "a row remapping failed (the memory cannot be repaired in the field: RMA)"))
         elif rows["pending"]:
-            found.append((RESET_GPU, "a row remapping is pending: it takes effect at the next GPU reset"))
+            found.append(("row_remap_pending", RESET_GPU, "a row remapping is pending: it takes effect at the next GPU reset"))
     pages = readings.get("retired_pages")
     if pages and pages["pending"]:
-        found.append((RESET_GPU, "a page retirement is pending: it takes effect at the next GPU reset"))
+        found.append(("page_retirement_pending", RESET_GPU, "a page retirement is pending: it takes effect at the next GPU reset"))
     ecc = readings.get("ecc_volatile_uncorrected")
     if ecc:
-        found.append((RESTART_APP, f"{ecc} uncorrectable ECC error(s) since the driver loaded (volatile count): the application that met them must restart"))
+        found.append(
+            (
+                "ecc_volatile",
+                RESTART_APP,
+                f"{ecc} uncorrectable ECC error(s) since the driver loaded (volatile count): the application that met them must restart",
+            )
+        )
     fabric = readings.get("fabric")
     if fabric and fabric["state"] in ("not_started", "in_progress"):
+        # Fabric Manager's work, not the GPU's: it brings the fabric up (a reset does not), and CUDA waits for it.
         found.append(
-            (RESET_GPU, f"the GPU's NVLink fabric is {fabric['state']} (CUDA answers 'system not yet initialized' until nvidia-fabricmanager completes it)")
+            (
+                "fabric_incomplete",
+                FIX_CONFIG,
+                f"the GPU's NVLink fabric is {fabric['state']} (CUDA answers 'system not yet initialized' until nvidia-fabricmanager completes it)",
+            )
         )
     elif fabric and fabric["state"] == "completed" and fabric["status"] not in (0, None):
-        found.append((RESET_GPU, f"the GPU's NVLink fabric setup completed with NVML error {fabric['status']}"))
+        found.append(("fabric_error", RESET_GPU, f"the GPU's NVLink fabric setup completed with NVML error {fabric['status']}"))
     mode = readings.get("compute_mode")
     if mode and mode != "default":
-        found.append((RESTART_APP, f"compute mode is {mode}: a second CUDA process gets 'CUDA-capable device(s) is/are busy or unavailable'"))
+        found.append(("compute_mode", RESTART_APP, f"compute mode is {mode}: a second CUDA process gets 'CUDA-capable device(s) is/are busy or unavailable'"))
     mig = readings.get("mig_mode")
     if mig and mig["current"] != mig["pending"]:
-        found.append((RESET_GPU, f"a MIG mode change ({'on' if mig['pending'] else 'off'}) is pending: it takes effect at the next GPU reset"))
-    verdict = worst(v for v, _text in found)
-    return {"verdict": verdict, "evidence": [f"{v}: {text}." for v, text in found], "readings": readings}
+        found.append(("mig_pending", RESET_GPU, f"a MIG mode change ({'on' if mig['pending'] else 'off'}) is pending: it takes effect at the next GPU reset"))
+    verdict = worst(v for _n, v, _text in found)
+    return {
+        "verdict": verdict,
+        "evidence": [f"{v}: {text}." for _n, v, text in found],
+        "findings": [{"name": n, "verdict": v, "text": text} for n, v, text in found],
+        "readings": readings,
+    }
 
 
 def judge_host(
@@ -629,29 +649,44 @@ def judge_host(
     host: dict[str, t.Any],
     fail_on: str,
     stray_xids: t.Sequence[dict[str, t.Any]] = (),
-    extra: t.Sequence[tuple[str, str]] = (),
+    extra: t.Sequence[t.Mapping[str, t.Any]] = (),
 ) -> dict[str, t.Any]:
-    """The host's ``{verdict, fail_on, evidence, host}``: the worst of the GPUs' verdicts (``(index, health)``
-    pairs) and the host's own findings; ``stray_xids`` are Xid events of a PCI device no GPU NVML lists has
-    (a GPU that fell off the bus no longer says where it is); ``extra`` are findings read elsewhere (the software
-    checks, ``_software.findings``), as ``(verdict, sentence)``."""
-    found: list[tuple[str, str]] = list(extra)
+    """The host's ``{verdict, fail_on, evidence, findings, host}``: the worst of the GPUs' verdicts (``(index, health)``
+    pairs) and the host's own findings; ``stray_xids`` are Xid events of a PCI device no GPU NVML lists has (a GPU that
+    fell off the bus no longer says where it is); ``extra`` are findings read elsewhere (the software checks,
+    ``_software.findings``: name, verdict, text and the GPU or GPUs they are about).
+
+    ``findings`` says each distinct finding once, with the GPUs it applies to (:func:`grouped`); ``evidence`` keeps a
+    sentence per finding and GPU, as before."""
+    found: list[dict[str, t.Any]] = [dict(f) for f in extra]
     if host.get("mps_daemon"):
         pids = ", ".join(map(str, host["mps_daemon"]))
-        found.append((RESTART_APP, f"an MPS daemon is left behind (PID(s) {pids}): stop it (gpuops.clean_slate.gpu_mode_restore with mps: stopped)"))
+        found.append({"name": "mps_daemon", "verdict": RESTART_APP, "text": f"an MPS daemon is left behind (PID(s) {pids})"})
     if host.get("fabricmanager") == "not_running" and any(
         (g["readings"].get("fabric") or {}).get("state") in ("not_started", "in_progress") for _i, g in gpu_health
     ):
-        found.append((RESET_GPU, "nvidia-fabricmanager is not running, and the GPUs' fabric is not up: start it (systemctl start nvidia-fabricmanager)"))
+        found.append(
+            {"name": "fabricmanager_not_running", "verdict": FIX_CONFIG, "text": "nvidia-fabricmanager is not running, and the GPUs' fabric is not up"}
+        )
     for event in stray_xids:
         verdict = BUCKET_VERDICTS.get(event["bucket"], RESET_GPU)
         if verdict != OK:
-            found.append((verdict, f"Xid {event['xid']} in the kernel log ({event['bucket']}) of a PCI device no listed GPU has: {event['line']}"))
-    evidence = [f"{v}: {text}." for v, text in found]
+            found.append(
+                {
+                    "name": "xid",
+                    "verdict": verdict,
+                    "text": f"Xid {event['xid']} in the kernel log ({event['bucket']}) of a PCI device no listed GPU has: {event['line']}",
+                }
+            )
+    evidence = [f"{f['verdict']}: {f['text']}." for f in found if f.get("gpu") is None and not f.get("gpus")]
+    evidence += [f"GPU {f['gpu']}: {f['verdict']}: {f['text']}." for f in found if f.get("gpu") is not None and not f.get("gpus")]
+    evidence += [f"{gpu_list(f['gpus'])}: {f['verdict']}: {f['text']}." for f in found if f.get("gpus")]
+    per_gpu = list(found)
     for index, g in gpu_health:
         evidence += [f"GPU {index}: {e}" for e in g["evidence"]]
-    verdict = worst([v for v, _text in found] + [g["verdict"] for _i, g in gpu_health])
-    return {"verdict": verdict, "fail_on": fail_on, "evidence": evidence, "host": host}
+        per_gpu += [{**f, "gpu": index} for f in g.get("findings") or []]
+    verdict = worst([f["verdict"] for f in found] + [g["verdict"] for _i, g in gpu_health])
+    return {"verdict": verdict, "fail_on": fail_on, "evidence": evidence, "findings": grouped(per_gpu), "host": host}
 
 
 def advice(verdict: str) -> str:
@@ -659,9 +694,9 @@ def advice(verdict: str) -> str:
     return ADVICE.get(verdict, "")
 
 
-# ---------------------------------------------------------------------- messages
-# A failure is read once, in one message: the same finding on eight GPUs is one sentence naming the eight, and the same
-# advice after eight GPUs' own facts is said once. The per-GPU records (gpus[], evidence) keep every GPU's own sentence.
+# ---------------------------------------------------------------------- findings, each said once
+# A failure is read once, in a few lines: the same finding on eight GPUs is one line naming the eight, and its fix (from
+# the one table, _findings.FINDINGS) is said once. The per-GPU records (gpus[], evidence) keep every GPU's own sentence.
 _GPU_NUMBER = re.compile(r"\bGPU (\d+)\b")
 _GPU_REF = re.compile(r"\b(GPU |nvidia)\d+\b")
 
@@ -680,33 +715,51 @@ def gpu_list(indices: t.Iterable[int]) -> str:
     return f"GPU {text}" if len(ordered) == 1 else f"GPUs {text}"
 
 
-def _shape(sentence: str) -> tuple[str, int | None]:
-    """``sentence`` with its GPU's numbers taken out (``GPU 3``, ``nvidia3``), and that GPU's index; the sentence itself
-    and None when it names no GPU, or more than one."""
-    numbers = set(_GPU_NUMBER.findall(sentence))
-    if len(numbers) != 1:
-        return sentence, None
-    return _GPU_REF.sub(lambda m: f"{m.group(1)}#", sentence), int(numbers.pop())
+def shape(sentence: str) -> str:
+    """``sentence`` with the numbers of the GPUs it names taken out (``GPU 3``, ``nvidia3``): what two GPUs' sentences
+    about the same thing have in common."""
+    return _GPU_REF.sub(lambda m: f"{m.group(1)}#", sentence)
 
 
-def said_once(sentences: t.Sequence[str], shown: t.Sequence[str] | None = None) -> list[str]:
-    """``sentences``, in order, with those that differ only in the GPU they name said once: the first of them, then
-    ``(the same for GPUs 1-7)``. A sentence said twice word for word is said once. ``shown``, when given, is what to
-    print for each sentence (its GPU's UUID besides), ``sentences`` what to compare."""
-    shown = list(shown) if shown is not None else list(sentences)
-    groups: dict[str, list[tuple[int | None, str]]] = {}
-    for sentence, text in zip(sentences, shown):
-        key, index = _shape(sentence)
-        groups.setdefault(key, []).append((index, text))
+def for_several(sentence: str) -> str:
+    # One sentence said for several GPUs: their own numbers in it read as each one's.
+    return re.sub(r"\bnvidia\d+\b", "nvidia<minor>", re.sub(r"\bGPU \d+\b", "each GPU", sentence))
+
+
+def grouped(found: t.Sequence[t.Mapping[str, t.Any]]) -> list[dict[str, t.Any]]:
+    """Each distinct finding once: those of the same name, verdict and sentence (but for the GPU it names) become one,
+    with every GPU they apply to (``gpus``, [] for the host's own), where it is fixed and the fix (``_findings``)."""
+    groups: dict[tuple[str, str, str], dict[str, t.Any]] = {}
+    for f in found:
+        text = str(f.get("text", ""))
+        key = (str(f.get("name")), str(f.get("verdict")), shape(text))
+        g = groups.setdefault(key, {"name": key[0], "verdict": key[1], "gpus": [], "text": text})
+        for index in [f["gpu"]] if f.get("gpu") is not None else list(f.get("gpus") or []):
+            if index not in g["gpus"]:
+                g["gpus"].append(index)
     out = []
-    for members in groups.values():
-        first = members[0][1]
-        others = [i for i, _text in members[1:] if i is not None]
-        out.append(f"{first.rstrip().rstrip('.')} (the same for {gpu_list(others)})." if others else first)
+    for g in groups.values():
+        entry = _findings.FINDINGS.get(g["name"])
+        g["gpus"] = sorted(g["gpus"])
+        if len(g["gpus"]) > 1:
+            g["text"] = for_several(g["text"])
+        g["where"] = entry.where if entry else ""
+        g["fix"] = entry.fix if entry else ""
+        out.append(g)
+    # Worst first: the line an engineer acts on comes first.
+    return sorted(out, key=lambda g: -rank(g["verdict"]) if g["verdict"] in VERDICTS else 0)
+
+
+def lines(findings: t.Sequence[t.Mapping[str, t.Any]], said: t.Container[str] = ()) -> list[str]:
+    """A line per distinct finding (:func:`grouped`): the GPUs, the name and verdict, the sentence, and the fix once per
+    name (the first line of that name says it). Findings named in ``said`` are left out (the message said them)."""
+    out = []
+    fixed: set[str] = set()
+    for f in findings:
+        if f["name"] in said:
+            continue
+        where = f"{gpu_list(f['gpus'])}: " if f.get("gpus") else ""
+        fix = f" Fix: {f['fix']}" if f.get("fix") and f["name"] not in fixed else ""
+        fixed.add(f["name"])
+        out.append(f"{where}{f['name']} ({f['verdict']}): {str(f['text']).rstrip('.')}.{fix}")
     return out
-
-
-def evidence_text(evidence: t.Sequence[str], said: t.Container[str] = ()) -> str:
-    """The verdict's evidence for a message: sentences that differ only in their GPU said once, and those already in
-    ``said`` (a failed CUDA start the message reports per GPU already) left out."""
-    return " ".join(said_once([e for e in evidence if e not in said]))

@@ -301,7 +301,7 @@ def outcome(
     stuck = [x for x in targets if x["outcome"] == "unkillable"]
     if stuck:
         detail = "; ".join(stuck_detail(x, kill_timeout) for x in stuck)
-        # The verdict of the health ladder (ok < restart_app < reset_gpu < reboot < drain): a task the kernel
+        # The verdict of the health ladder (ok < restart_app < fix_config < reset_gpu < reboot < drain): a task the kernel
         # cannot finish keeps its GPU until the node reboots.
         result["verdict"] = "reboot"
         result["msg"] = (

@@ -57,7 +57,7 @@ def text(r: t.Mapping[str, t.Any], host: str, seconds: float, now: float) -> str
         '# HELP clean_slate_last_run_info Phase and reason of the last run (phase done and reason "" when clean).',
         "# TYPE clean_slate_last_run_info gauge",
         f'clean_slate_last_run_info{{{h},phase="{_label(r.get("phase", ""))}",reason="{_label(r.get("reason", ""))}"}} 1',
-        "# HELP clean_slate_last_run_health Health verdict of the last run: 0 ok, 1 restart_app, 2 reset_gpu, 3 reboot, 4 drain (no sample when not judged).",
+        "# HELP clean_slate_last_run_health Health verdict of the last run: 0 ok, 1 restart_app, 2 fix_config, 3 reset_gpu, 4 reboot, 5 drain (no sample when not judged).",
         "# TYPE clean_slate_last_run_health gauge",
     ]
     health = r.get("health")
@@ -75,6 +75,18 @@ def text(r: t.Mapping[str, t.Any], host: str, seconds: float, now: float) -> str
             f'device="nvidia{g.get("minor", g.get("index"))}",modelName="{_label(g.get("name") or "")}"'
         )
         lines.append(f"clean_slate_gpu_used_mib{{{labels}}} {g.get('used_mib', 0)}")
+    # The advisory reset plan, a series per GPU it names (none when no reset is due): an alert joins on UUID.
+    lines += [
+        "# HELP clean_slate_gpu_reset_advised 1 for each GPU the last run's reset plan says to reset (advisory: the collection never resets).",
+        "# TYPE clean_slate_gpu_reset_advised gauge",
+    ]
+    plan = r.get("reset_plan")
+    for g in (plan.get("gpus") or []) if isinstance(plan, t.Mapping) else []:
+        labels = (
+            f'{h},gpu="{g.get("index")}",UUID="{_label(g.get("uuid") or "")}",pci_bus_id="{_label(g.get("pci_bus_id") or "")}",'
+            f'why="{_label(",".join(g.get("why") or []))}"'
+        )
+        lines.append(f"clean_slate_gpu_reset_advised{{{labels}}} 1")
     return "\n".join(lines) + "\n"
 
 

@@ -319,7 +319,9 @@ def result(all_steps: t.Sequence[Step], ctx: t.Mapping[str, t.Any]) -> dict[str,
     terminated = int(summary.get("terminated", 0) or 0)
     killed = int(summary.get("killed", 0) or 0)
     ended = terminated + killed
-    seconds = round(_float(k.get("elapsed_s", 0)) + _float(v.get("time_to_clean_s") or v.get("elapsed_s", 0)), 2)
+    # Everything the verdict waited for: the kill, then the verification (its polling, the CUDA start, the health readings).
+    seconds = round(_float(k.get("elapsed_s", 0)) + _float(v.get("elapsed_s", 0)), 2)
+    cuda_s = v.get("cuda_s") if v else None
     targets = list(k.get("targets") or [])
     if v:
         gpu_part = f"{clean_count}/{len(gpus)} GPUs clean"
@@ -341,13 +343,23 @@ def result(all_steps: t.Sequence[Step], ctx: t.Mapping[str, t.Any]) -> dict[str,
     restore = _mapping(named.get("restore"))
     restore_part = f"; {restore['msg']}" if restore.get("changed") and "msg" in restore else ""
     h = v.get("health") if v else None
-    health = {"verdict": h.get("verdict"), "evidence": h.get("evidence")} if isinstance(h, t.Mapping) else None
+    health = {"verdict": h.get("verdict"), "evidence": h.get("evidence"), "findings": h.get("findings") or []} if isinstance(h, t.Mapping) else None
     health_part = f"; health: {h['verdict']}" if isinstance(h, t.Mapping) and h.get("verdict") != _health.OK else ""
     tail = ""
     if e:
         tail = f" - FAILED in {e['phase']} ({e['reason']}): {e['msg']}" if e["fatal"] else f" - NOT CLEAN ({e['reason']})"
-    took = f" in {seconds} s" if (v or k) else ""
+    took = (f" in {seconds} s" + (f" (CUDA start {cuda_s:.2f} s)" if isinstance(cuda_s, (int, float)) else "")) if (v or k) else ""
     why = e.get("reason", "")
+    head = f"{label}: {gpu_part}{took}, {kill_part}{residue_part}{restore_part}{health_part}"
+    # What the last task shows: the summary, or, where the verification has more to say (a failure, findings below the
+    # threshold), its few lines after the head: each distinct finding once, its fix once, the reset plan.
+    said = [str(x) for x in v.get("lines") or []] if v else []
+    if e and e.get("phase") == "verify" and said and e.get("msg") == v.get("msg"):
+        shown = [head + (f" - FAILED in verify ({why}):" if e["fatal"] else f" - NOT CLEAN ({why}):"), *said]
+    elif not e and said and h and h.get("verdict") != _health.OK:
+        shown = [f"{head}{tail}", *said[1:]]
+    else:
+        shown = [f"{head}{tail}"]
     return {
         "host": ctx.get("host"),
         "label": label,
@@ -371,10 +383,14 @@ def result(all_steps: t.Sequence[Step], ctx: t.Mapping[str, t.Any]) -> dict[str,
         "targets": targets,
         "residue": residue,
         "health": health,
-        "summary": f"{label}: {gpu_part}{took}, {kill_part}{residue_part}{restore_part}{health_part}{tail}",
+        "cuda_s": cuda_s,
+        "reset_plan": v.get("reset_plan") if v else None,
+        "summary": f"{head}{tail}",
+        "lines": shown,
     }
 
 
 def published(r: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
-    """The host's set_stats entry: its result without the per-GPU and per-process lists."""
-    return {k: x for k, x in r.items() if k not in ("gpus", "targets")}
+    """The host's set_stats entry: its result without the per-GPU and per-process lists (and the display lines, which
+    repeat its msg)."""
+    return {k: x for k, x in r.items() if k not in ("gpus", "targets", "lines")}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda, _cuda_program, _health, _reasons
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda, _cuda_program, _findings, _reasons
 
 #: Findings that are no reason (the others are the startability reasons of the same cause).
 UVM_TOOLS_MISSING = "uvm_tools_missing"
@@ -101,63 +101,45 @@ def read_inforom(_session: t.Any, gpu: t.Any) -> bool | None:
 def findings(
     devices: dict[str, t.Any], env: dict[str, t.Any], persistence: t.Mapping[int, bool | None], inforom: t.Mapping[int, bool | None]
 ) -> list[dict[str, t.Any]]:
-    """Every failed check as ``{name, verdict, gpu, text}`` (``gpu`` None for the host); warnings are ``ok``."""
+    """Every failed check as ``{name, verdict, gpu, text}`` (``gpu`` None for the host); warnings are ``ok``. The verdict of
+    each is its row of ``_findings.FINDINGS`` (a device file absent, another device's or refused is ``fix_config``)."""
     out: list[dict[str, t.Any]] = []
 
-    def add(name: str, verdict: str, text: str, gpu: int | None = None) -> None:
-        out.append({"name": name, "verdict": verdict, "gpu": gpu, "text": text})
+    def add(name: str, text: str, gpu: int | None = None) -> None:
+        out.append({"name": name, "verdict": _findings.FINDINGS[name].verdict, "gpu": gpu, "text": text})
 
     if devices.get("unchecked"):
         # Container scope, and the program that looks at the container's files could not run there.
-        add(DEVICES_UNCHECKED, _health.OK, f"the device files were not checked: {devices['unchecked']}")
+        add(DEVICES_UNCHECKED, f"the device files were not checked: {devices['unchecked']}")
         devices = {**devices, "ctl": OK_NODE, "uvm": OK_NODE, "uvm_tools": OK_NODE, "caps": None, "gpu_files": 0, "nvml_count": 0}
     for index, n in sorted(devices["gpus"].items()):
         if not n["ok"]:
-            add(_reasons.DEVICE_MISSING, _health.RESET_GPU, f"{n['why']}: CUDA cannot use GPU {index} here; pass its device file into the container", index)
+            add(_reasons.DEVICE_MISSING, f"{n['why']}: CUDA cannot use GPU {index} here", index)
     if not devices["ctl"]["ok"]:
-        add(_reasons.DEVICE_MISSING, _health.RESET_GPU, f"{devices['ctl']['why']}: no CUDA program can start")
+        add(_reasons.DEVICE_MISSING, f"{devices['ctl']['why']}: no CUDA program can start")
     if not devices["uvm"]["ok"]:
-        major = f" (major {devices['uvm_major']} here: dynamic, not 195)" if devices.get("uvm_major") else ""
-        add(
-            _reasons.UVM_MISSING,
-            _health.RESET_GPU,
-            f"{devices['uvm']['why']}: NVML works without it but every CUDA start fails; load nvidia-uvm on the host (nvidia-modprobe -u -c=0)"
-            f" and pass /dev/nvidia-uvm{major} into the container",
-        )
+        major = f" (nvidia-uvm's major is {devices['uvm_major']} here: dynamic, not 195)" if devices.get("uvm_major") else ""
+        add(_reasons.UVM_MISSING, f"{devices['uvm']['why']}{major}: NVML works without it but every CUDA start fails")
+    elif devices.get("uvm_loaded") is False:
+        add(_reasons.UVM_MISSING, "the nvidia-uvm module is not loaded on this kernel (/proc/devices lists no nvidia-uvm): every CUDA start fails")
     if not devices["uvm_tools"]["ok"]:
-        add(UVM_TOOLS_MISSING, _health.OK, f"{devices['uvm_tools']['why']}: CUDA starts, but profilers and debuggers (CUPTI, Nsight, cuda-gdb) will not")
+        add(UVM_TOOLS_MISSING, f"{devices['uvm_tools']['why']}: CUDA starts, but profilers and debuggers (CUPTI, Nsight, cuda-gdb) will not")
     if devices["caps"] is not None and not devices["caps"]["ok"]:
-        add(
-            CAPS_MISSING,
-            _health.RESET_GPU,
-            f"{devices['caps']['why']}: MIG is on and CUDA needs the MIG capability devices to use its instances; pass /dev/nvidia-caps through",
-        )
+        add(CAPS_MISSING, f"{devices['caps']['why']}: MIG is on and CUDA needs the MIG capability devices to use its instances")
     if devices["nvml_count"] and devices["gpu_files"] != devices["nvml_count"]:
         count = devices["nvml_count"]
         listed = f"{count} GPU(s) are selected for container {devices['container']}" if devices.get("container") else f"NVML lists {count} GPU(s)"
-        add(DEVICE_COUNT, _health.OK, f"{listed} and {devices['dir']} holds {devices['gpu_files']} GPU device file(s) (DCGM's device count check)")
+        add(DEVICE_COUNT, f"{listed} and {devices['dir']} holds {devices['gpu_files']} GPU device file(s) (DCGM's device count check)")
     for index, on in sorted(persistence.items()):
         if on is False:
-            add(
-                PERSISTENCE_OFF,
-                _health.OK,
-                f"GPU {index}: persistence mode is off: every start re-initialises the GPU (seconds); run nvidia-persistenced",
-                index,
-            )
+            add(PERSISTENCE_OFF, f"GPU {index}: persistence mode is off: every start re-initialises the GPU (seconds)", index)
     for var in env["found"]:
         add(
             CUDA_ENV,
-            _health.RESTART_APP,
             f"{var['name']} is set in {var['where']} ({var['value']!r}): CUDA programs started with it load a profiler or debugger hook, or dump core"
-            " and wait on an exception; remove it",
+            " and wait on an exception",
         )
     for index, valid in sorted(inforom.items()):
         if valid is False:
-            add(
-                INFOROM_CORRUPT,
-                _health.DRAIN,
-                f"GPU {index}: the infoROM is corrupted (nvmlDeviceValidateInforom): its ECC and retirement records cannot be trusted;"
-                " have it reflashed (NVIDIA support)",
-                index,
-            )
+            add(INFOROM_CORRUPT, f"GPU {index}: the infoROM is corrupted (nvmlDeviceValidateInforom): its ECC and retirement records cannot be trusted", index)
     return out

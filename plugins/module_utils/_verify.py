@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
     _checks,
     _cuda,
+    _cuda_program,
+    _findings,
     _health,
     _nvml,
     _peers,
@@ -38,6 +40,7 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
     _proctable,
     _protection,
     _reasons,
+    _reset,
     _software,
 )
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
@@ -72,31 +75,20 @@ NVML_GRACE_S = 0.5
 # leftover context (>= 518 MiB) is far above it.
 CONTEXT_OVERHEAD_ALLOWANCE_MIB = 32
 
+#: What fixes each diagnosis: the one table of findings (a GPU's detail says what happened, then this).
 ADVICE = {
-    _reasons.BUSY: "end them with gpuops.clean_slate.gpu_procs_kill (or stop the service that owns them), then verify again.",
-    _reasons.HELD_OUTSIDE_NAMESPACE: (
-        "the memory is held by processes this namespace cannot see (another container, or the host). Run the clean-up"
-        " where they live: on the Proxmox host with gpuops.clean_slate.gpu_procs_kill and containers: [<vmid>], or"
-        " inside the container that owns them."
-    ),
-    _reasons.ORPHANED_CONTEXT: (
-        "no process anywhere holds this memory (an orphaned context). Killing cannot free it: stop the GPU's management"
-        " daemons (nvidia-persistenced, nv-hostengine, dcgm-exporter, nvidia-fabricmanager), reset the GPU with"
-        " nvidia-smi -r -i <index>, or reboot the node."
-    ),
-    _reasons.HELD_BY_PROTECTED: (
-        "gpuops.clean_slate.gpu_procs_kill never ends a protected daemon, so the GPU stays held while it runs: stop it through"
-        " its service (for example systemctl stop nvidia-dcgm), or, if it must go with the job, take it off the protect list"
-        " with gpu_procs_kill's unprotect (clean_slate_unprotect in the role)."
-    ),
-    _reasons.GPU_LOST: "drain the node and reboot or power-cycle it; check dmesg for Xid 79.",
-    _reasons.NEEDS_RESET: (
-        "the driver asks for recovery before the GPU is used again: stop its management daemons and reset it"
-        " (nvidia-smi -r -i <index>), or reboot if the action is node_reboot."
-    ),
-    _reasons.UNSUPPORTED: "this GPU does not report its memory use (unified-memory platforms such as GB10); it cannot be verified by memory.",
-    _reasons.UNRESPONSIVE: "the driver timed out answering; the GPU may be hung. Check dmesg for Xid errors; a reset or reboot may be needed.",
-    _reasons.DRIVER_HUNG: _probe.ADVICE,
+    diagnosis: _findings.FINDINGS[diagnosis].fix
+    for diagnosis in (
+        _reasons.BUSY,
+        _reasons.HELD_OUTSIDE_NAMESPACE,
+        _reasons.ORPHANED_CONTEXT,
+        _reasons.HELD_BY_PROTECTED,
+        _reasons.GPU_LOST,
+        _reasons.NEEDS_RESET,
+        _reasons.UNSUPPORTED,
+        _reasons.UNRESPONSIVE,
+        _reasons.DRIVER_HUNG,
+    )
 }
 
 
@@ -449,40 +441,44 @@ def poll_until_clean(
     return Outcome(gpus=reports, elapsed_s=elapsed, time_to_clean_s=time_to_clean, polls=polls, notes=notes, unreadable=unreadable, health=health_readings)
 
 
-def failure_message(outcome: Outcome, expected_total: int) -> str:
-    """One message naming every dirty GPU, how much it holds, which PIDs, and what to do, each thing said once: the
-    advice several GPUs share follows their facts once (``GPUs 0-6: end them with ...``), and GPUs whose whole
-    sentence is the same but for their number are one sentence (``... (the same for GPUs 1-7)``). Each GPU's
-    ``detail`` in the result keeps its own full sentence."""
+def _facts(g: t.Mapping[str, t.Any]) -> str:
+    """What happened to a dirty GPU, without the fix its ``detail`` ends with (the message says each fix once)."""
+    detail = str(g["detail"])
+    start = g.get("startable") or {}
+    if start.get("reason") == g["diagnosis"] and start.get("facts") and detail == start.get("detail"):
+        return str(start["facts"])
+    entry = _findings.FINDINGS.get(g["diagnosis"])
+    if entry and detail.endswith(entry.fix):
+        return detail[: -len(entry.fix)].rstrip()
+    return detail
+
+
+def failure_lines(outcome: Outcome, expected_total: int) -> list[str]:
+    """The dirty GPUs in a few lines, whatever their number: a line per distinct diagnosis and sentence (GPUs whose
+    sentence is the same but for their own number share one, ``GPUs 0-7: uvm_missing: ...``), and each diagnosis's fix
+    said once, on its first line. Each GPU's ``detail`` in the result keeps its own whole sentence."""
     dirty = [g for g in outcome.gpus if not g["clean"]]
-    shared: dict[str, list[int]] = {}
+    groups: dict[tuple[str, str], list[t.Mapping[str, t.Any]]] = {}
     for g in dirty:
-        tip = ADVICE.get(g["diagnosis"])
-        if tip and g["detail"].endswith(tip):
-            shared.setdefault(tip, []).append(g["index"])
-    compared, shown = [], []
-    for g in dirty:
-        detail = g["detail"]
-        tip = ADVICE.get(g["diagnosis"])
-        if tip and len(shared.get(tip, ())) > 1:
-            detail = detail[: -len(tip)].rstrip()
-        compared.append(f"GPU {g['index']}: {g['diagnosis']}: {detail}")
-        shown.append(f"GPU {g['index']} ({g['uuid'] or 'uuid unknown'}): {g['diagnosis']}: {detail}")
-    parts = [f"{len(dirty)} of {expected_total} GPU(s) not clean after {outcome.elapsed_s:.1f} s:", *_health.said_once(compared, shown)]
-    parts += [f"{_health.gpu_list(indices)}: {tip}" for tip, indices in shared.items() if len(indices) > 1]
-    return " ".join(parts)
+        groups.setdefault((g["diagnosis"], _health.shape(_facts(g))), []).append(g)
+    out = [f"{len(dirty)} of {expected_total} GPU(s) not clean after {outcome.elapsed_s:.1f} s."]
+    fixed: set[str] = set()
+    for (diagnosis, _shape), members in groups.items():
+        facts = _facts(members[0])
+        if len(members) > 1:
+            facts = _health.for_several(facts)
+        entry = _findings.FINDINGS.get(diagnosis)
+        fix = f" Fix: {entry.fix}" if entry and diagnosis not in fixed else ""
+        fixed.add(diagnosis)
+        # One GPU is named with its UUID as well (the index alone can differ between a container and its node).
+        who = f"GPU {members[0]['index']} ({members[0].get('uuid') or 'uuid unknown'})" if len(members) == 1 else _health.gpu_list(g["index"] for g in members)
+        out.append(f"{who}: {diagnosis}: {facts.rstrip('.')}.{fix}")
+    return out
 
 
-def reported_starts(outcome: Outcome) -> set[str]:
-    """The health evidence of failed CUDA starts that :func:`failure_message` reports already (a GPU not clean for its
-    start's reason, with the same detail): the message leaves them out of its health part."""
-    said = set()
-    for g in outcome.gpus:
-        start = g.get("startable") or {}
-        found = _cuda.finding(start)
-        if found and not g["clean"] and g["diagnosis"] == start.get("reason") and g["detail"] == start.get("detail"):
-            said.add(f"GPU {g['index']}: {found[0]}: {found[1]}.")
-    return said
+def failure_message(outcome: Outcome, expected_total: int) -> str:
+    """:func:`failure_lines` as one message."""
+    return " ".join(failure_lines(outcome, expected_total))
 
 
 # ---------------------------------------------------------------------- the gpu_mem_verify module
@@ -547,26 +543,112 @@ def failure_details(reason: str) -> dict[str, t.Any]:
     return {"clean": False, "gpus": [], "python": python_facts(), "diagnosis": reason}
 
 
-def verdict(outcome: Outcome, every_gpu: list[Gpu], selected: int, expected_count: int | None) -> tuple[str | None, str]:
-    """(failure reason or None, message) of a verification: dirty selected GPUs, then too few healthy ones.
+def reset_wanted(outcome: Outcome, health: t.Mapping[str, t.Any] | None) -> dict[int, list[str]]:
+    """The GPUs whose fix is a reset, each with the findings that ask for it: a dirty GPU whose diagnosis is fixed by a
+    reset (an orphaned context, a failed start such as cuda_oom), a GPU with a health finding at ``reset_gpu``. None when
+    the host's verdict is worse (a reboot or a drain comes first) or nothing asks."""
+    if health is not None and _health.rank(health["verdict"]) > _health.rank(_health.RESET_GPU):
+        return {}
+    out: dict[int, list[str]] = {}
+    for g in outcome.gpus:
+        entry = _findings.FINDINGS.get(g["diagnosis"])
+        if not g["clean"] and entry is not None and entry.verdict == _health.RESET_GPU:
+            out.setdefault(g["index"], []).append(g["diagnosis"])
+        for f in (g.get("health") or {}).get("findings") or []:
+            if f["verdict"] == _health.RESET_GPU and f["name"] not in out.get(g["index"], []):
+                out.setdefault(g["index"], []).append(f["name"])
+    return out
+
+
+def healthy_count(every_gpu: list[Gpu]) -> int:
+    """The GPUs NVML lists that did not fall off the bus (a lost GPU still counts in the driver's total)."""
+    return sum(1 for g in every_gpu if g.error is None or g.error.reason != _reasons.GPU_LOST)
+
+
+def gpu_files(device_dir: str) -> list[int]:
+    """The minors of the GPU device files (``nvidia<N>``) in ``device_dir``."""
+    try:
+        return sorted(int(n[6:]) for n in os.listdir(device_dir) if n.startswith("nvidia") and n[6:].isdigit())
+    except OSError:
+        return []
+
+
+def device_shortfall(device_dir: str, every_gpu: list[Gpu]) -> list[dict[str, t.Any]]:
+    """When NVML sees fewer GPUs than expected: what the device files here say, as findings (``device_missing``,
+    fix_config): each ``nvidia<N>`` file and ``nvidiactl`` that is another device's, a regular file or refused (with the
+    real driver, NVML does not list a GPU whose node is masked), and how many GPU files there are at all."""
+    majors = _cuda_program.char_majors()
+    listed = {g.minor for g in every_gpu if g.minor is not None}
+    names = [f"nvidia{m}" for m in gpu_files(device_dir)]
+    out: list[dict[str, t.Any]] = []
+    for name in names:
+        n = _cuda_program.node(os.path.join(device_dir, name), (_cuda_program.FRONTEND, int(name[6:])), majors)
+        if not n["ok"]:
+            out.append({"name": _reasons.DEVICE_MISSING, "verdict": _findings.FINDINGS[_reasons.DEVICE_MISSING].verdict, "gpu": None, "text": n["why"]})
+        elif int(name[6:]) not in listed:
+            out.append(
+                {
+                    "name": _reasons.DEVICE_MISSING,
+                    "verdict": _findings.FINDINGS[_reasons.DEVICE_MISSING].verdict,
+                    "gpu": None,
+                    "text": f"{os.path.join(device_dir, name)} is present and opens, but NVML lists no GPU of minor {name[6:]}: the node may be another"
+                    " device's (its numbers cannot be held to /proc/devices here) or its GPU is not this node's",
+                }
+                if not _cuda_program.driver_major(_cuda_program.FRONTEND, majors)
+                else {
+                    "name": "gpus_not_listed",
+                    "verdict": _findings.FINDINGS["gpus_not_listed"].verdict,
+                    "gpu": None,
+                    "text": f"{os.path.join(device_dir, name)} is the GPU device of minor {name[6:]}, but NVML does not list that GPU",
+                }
+            )
+    ctl = _cuda_program.node(os.path.join(device_dir, "nvidiactl"), (_cuda_program.CTL, _cuda_program.CTL_MINOR), majors)
+    if not ctl["ok"]:
+        out.append({"name": _reasons.DEVICE_MISSING, "verdict": _findings.FINDINGS[_reasons.DEVICE_MISSING].verdict, "gpu": None, "text": ctl["why"]})
+    if not out:
+        shown = ", ".join(names) if names else "none"
+        out.append(
+            {
+                "name": "gpus_not_listed",
+                "verdict": _findings.FINDINGS["gpus_not_listed"].verdict,
+                "gpu": None,
+                "text": f"the GPU device files here ({device_dir}: {shown}) are all usable: a GPU NVML does not list at all has fallen off the bus,"
+                " was disabled, or is not given to this host",
+            }
+        )
+    return out
+
+
+def verdict(
+    outcome: Outcome,
+    every_gpu: list[Gpu],
+    selected: int,
+    expected_count: int | None,
+    shortfall: t.Sequence[t.Mapping[str, t.Any]] = (),
+    elapsed: float | None = None,
+) -> tuple[str | None, list[str]]:
+    """(failure reason or None, the message's lines) of a verification: dirty selected GPUs, then too few healthy ones,
+    with what the device files say of the missing ones (``shortfall``, :func:`device_shortfall`).
 
     A GPU that fell off the bus still counts in the driver's total but not as healthy, so
     ``expected_count`` catches a node that lost one (NVML lists it with an error).
     """
-    problems = []
+    problems: list[str] = []
     reason = None
-    healthy = sum(1 for g in every_gpu if g.error is None or g.error.reason != _reasons.GPU_LOST)
+    healthy = healthy_count(every_gpu)
+    seconds = outcome.elapsed_s if elapsed is None else elapsed
     if expected_count is not None and healthy < expected_count:
         lost = [str(g.index) for g in every_gpu if g.error is not None and g.error.reason == _reasons.GPU_LOST]
         lost_text = f" (lost: GPU {', '.join(lost)})" if lost else ""
-        problems.append(f"expected {expected_count} GPUs, found {healthy} healthy of {len(every_gpu)}{lost_text}.")
+        why = "; ".join(str(f["text"]) for f in shortfall)
+        problems.append(f"expected {expected_count} GPUs, found {healthy} healthy of {len(every_gpu)}{lost_text}" + (f": {why}." if why else "."))
         reason = _reasons.MISSING_GPUS
     if outcome.clean_count < selected:
-        problems.append(failure_message(outcome, selected))
+        problems += failure_lines(outcome, selected)
         reason = _reasons.NOT_CLEAN
     if problems:
-        return reason, " ".join(problems)
-    return None, f"{outcome.clean_count}/{selected} GPUs clean in {outcome.elapsed_s:.2f} s"
+        return reason, problems
+    return None, [f"{outcome.clean_count}/{selected} GPUs clean in {seconds:.2f} s"]
 
 
 def argument_spec() -> dict[str, dict[str, t.Any]]:
@@ -582,7 +664,7 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "fail_on_dirty": {"type": "bool", "default": True},
         "device_dir": {"type": "path", "default": "/dev"},
         "health": {"type": "bool", "default": True},
-        "fail_on": {"type": "str", "default": "reset_gpu", "choices": ["ok", "restart_app", "reset_gpu", "reboot", "drain", "never"]},
+        "fail_on": {"type": "str", "default": "fix_config", "choices": ["ok", "restart_app", "fix_config", "reset_gpu", "reboot", "drain", "never"]},
         "since": {"type": "raw"},
         "kernel_log": {"type": "path", "default": "/dev/kmsg"},
         "cuda_probe": {"type": "bool", "default": True},
@@ -627,8 +709,7 @@ def judge_health(
     host = _health.host_findings(_health.fabric_present(r for r in outcome.health if r))
     host["kernel_log"] = source
     host["kernel_log_read"] = log
-    extra = [(f["verdict"], f"{f['name']}: {f['text']}") for f in software or []]
-    verdict = _health.judge_host(per_gpu, host, fail_on, stray, extra)
+    verdict = _health.judge_host(per_gpu, host, fail_on, stray, software or [])
     unread = _health.unread_note(log, since, kernel_log) if source == "kmsg" else None
     if unread:
         outcome.notes.append(unread)
@@ -705,11 +786,13 @@ class StartRun:
     together: _peers.Check | None = None
 
 
-def startability(run: StartRun, devices: dict[str, t.Any]) -> dict[str, t.Any]:
+def startability(run: StartRun, look: t.Callable[[], dict[str, t.Any]]) -> tuple[dict[str, t.Any], dict[str, t.Any]]:
     """Start CUDA on every selected GPU NVML reads clean (a context only on a busy one in exclusive_process or
     prohibited mode), all at once, each in a helper forked from the module (``_cuda.probe``); then read NVML until the
     helpers' processes and memory are gone. Each GPU's report gets ``startable``; a clean GPU whose start failed becomes
-    not clean, diagnosed with the start's reason. Returns the run's summary (``cuda_probe`` in the result)."""
+    not clean, diagnosed with the start's reason. Returns the device files (``look``, called after the starts: run as
+    root, the driver's own nvidia-modprobe makes a missing node at the start, as a server's start would; what is still
+    wrong then is the fault) and the run's summary (``cuda_probe`` in the result)."""
     began = time.monotonic()
     params = run.params
     targets = probe_targets(run.outcome, run.selected, run.modes, run.check_mode)
@@ -722,7 +805,8 @@ def startability(run: StartRun, devices: dict[str, t.Any]) -> dict[str, t.Any]:
         raw, peers_raw, left_behind = _cuda.probe_all(targets, params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"], peers, on_step)
         if together:
             together.raw = peers_raw
-    return judge_starts(run, devices, targets, raw, left_behind, began)
+    devices = look()
+    return devices, judge_starts(run, devices, targets, raw, left_behind, began)
 
 
 def startability_inside(
@@ -904,6 +988,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
     healthy) and ``fail_on_dirty`` is set.
     """
     started = datetime.datetime.now()
+    began = time.monotonic()
     p = module.params
     selectors = validate(p)
     since = t.cast(float, _health.parse_since(p.get("since"), started.timestamp()))
@@ -940,9 +1025,14 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
                     raise CleanSlateError("containers: this entry point has no way into a container.", reason=_reasons.INTERNAL_ERROR)
                 devices, cuda_probe = startability_inside(starts, wanted, in_container)
             else:
-                devices = _software.device_nodes(p["device_dir"], wanted, len(every))
+
+                def look() -> dict[str, t.Any]:
+                    return _software.device_nodes(p["device_dir"], wanted, len(every))
+
                 if p.get("cuda_probe"):
-                    cuda_probe = startability(starts, devices)
+                    devices, cuda_probe = startability(starts, look)
+                else:
+                    devices = look()
                 check.look_here(every)
             if p.get("health"):
                 software = software_checks(prober, outcome, selected, devices)
@@ -956,30 +1046,55 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
             f"NVML helper process(es) {', '.join(map(str, prober.left_behind))} did not die of SIGKILL within {_probe.REAP_WAIT_S} s (stuck in the"
             " driver, state D); they end when the driver lets them."
         )
-    found = (software["findings"] if software else []) + (together["findings"] if together else [])
+    # Fewer GPUs than expected: what the device files say of the missing ones (with the real driver NVML does not list a
+    # GPU whose node is masked), a finding of its own, so that the health verdict names the cause.
+    # With the real driver a GPU whose node is another device's (or a regular file) is not listed at all, so a device file
+    # here that NVML lists no GPU for is a finding too, expected count or not (NVML in a container lists only the GPUs
+    # whose nodes work: docs/results/round4-facts-h100x1-2026-12-05.json).
+    short = p["expected_count"] is not None and healthy_count(every) < p["expected_count"]
+    files = gpu_files(p["device_dir"])
+    unlisted = [m for m in files if m not in {g.minor for g in every}]
+    shortfall = device_shortfall(p["device_dir"], every) if (short or unlisted) and not p.get("containers") else []
+    found = (software["findings"] if software else []) + [f for f in shortfall if f["verdict"] != _findings.NONE]
+    found += together["findings"] if together else []
     health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command, found) if p.get("health") else None
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
             " lists it; run with become: true."
         )
-    reason, msg = verdict(outcome, every, len(selected), p["expected_count"])
+    resets = reset_wanted(outcome, health)
+    reports = [{**r, "fabric": (h or {}).get("fabric")} for r, h in zip(outcome.gpus, outcome.health or [None] * len(outcome.gpus))]
+    plan = _reset.plan(resets, reports, p["device_dir"], p.get("containers") or []) if resets and not module.check_mode else None
+    elapsed = time.monotonic() - began
+    reason, lines = verdict(outcome, every, len(selected), p["expected_count"], shortfall, elapsed)
     if reason is None and together is not None and not together["ready"]:
-        reason, msg = _reasons.NOT_READY_TOGETHER, _peers.message(together)
+        reason = _reasons.NOT_READY_TOGETHER
+        lines.append(_peers.message(together))
     if health is not None and health["verdict"] != _health.OK:
-        evidence = _health.evidence_text(health["evidence"], reported_starts(outcome))
-        msg = f"{msg.rstrip('.')}. Health: {health['verdict']}: {evidence + ' ' if evidence else ''}{_health.advice(health['verdict'])}"
-        if reason is None and _health.fails(health["verdict"], p["fail_on"]):
+        # The memory part said the failed CUDA starts already (each dirty GPU's diagnosis): the health part leaves them out.
+        said = {g["diagnosis"] for g in outcome.gpus if not g["clean"]}
+        fails = reason is None and _health.fails(health["verdict"], p["fail_on"])
+        lines.append(f"Health: {health['verdict']}" + (f" (fail_on is {p['fail_on']})." if fails else "."))
+        lines += _health.lines(health["findings"], said)
+        lines.append(_health.advice(health["verdict"]).capitalize())
+        if fails:
             reason = _reasons.UNHEALTHY
-            msg += f" (fail_on is {p['fail_on']})"
+    if plan:
+        lines += _reset.lines(plan)
+    msg = " ".join(lines)
     result = {
         "changed": False,
         "clean": reason is None,
         "msg": msg,
+        "lines": lines,
         "gpus": outcome.gpus,
         "gpu_count": len(every),
         "clean_count": outcome.clean_count,
-        "elapsed_s": round(outcome.elapsed_s, 4),
+        # Everything the verdict waited for: the polling, the CUDA start and its settling, the health readings.
+        "elapsed_s": round(elapsed, 4),
+        "poll_s": round(outcome.elapsed_s, 4),
+        "cuda_s": cuda_probe["elapsed_s"] if cuda_probe else None,
         "start": str(started),
         "end": str(datetime.datetime.now()),
         "time_to_clean_s": None if outcome.time_to_clean_s is None else round(outcome.time_to_clean_s, 4),
@@ -988,6 +1103,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
         "notes": outcome.notes,
         "python": python_facts(),
         "health": health,
+        "reset_plan": plan,
         "cuda_probe": cuda_probe,
         "software": software,
         "together": together,

@@ -9,13 +9,17 @@ where the bucket comes from. Data only; :func:`._health.xid_bucket` reads it.
 
 The catalog (:data:`CATALOG`) gives each Xid of Ampere and newer GPUs a "resolution bucket", its immediate action:
 ``IGNORE``, ``RESTART_APP``, ``RESET_GPU``, ``RESTART_BM`` (reboot the bare-metal node), ``CONTACT_SUPPORT`` and
-``CHECK_MECHANICALS`` (service: drain), or a workflow that decodes the event further (45, 48, 74, 144-150, 154).
-Each entry here is the catalog's immediate action; for a workflow, the bucket its text gives and the reason, in the
-entry's ``source``. Not listed, and so ``UNKNOWN`` (which the verdict counts as a reset, and says so): the Xids the
-catalog marks unused on these GPUs (1-7, 9, 10, 12, 15-24, 26-30, 33-36, 42, 47, 49-53, 55-59, 61, 65, 73, 81, 87,
-90, 91, 111-118, 122-125, 138, and 152-153, which apply to no data-center GPU), those whose action this verdict has no
-word for (78 UPDATE_SWFW, 151 RESTART_VM, 159 CHECK_UVM) and those the catalog gives no action yet (162-172). An Xid
-this table does not know is never guessed harmless.
+``CHECK_MECHANICALS`` (service: drain), ``UPDATE_SWFW`` (the driver software: a configuration fault, fix_config),
+``RESTART_VM``, or a workflow that decodes the event further (45, 48, 74, 144-150, 154, 159). Each entry here is the
+catalog's immediate action; for a workflow, the bucket its text gives and the reason, in the entry's ``source``. The
+Xids the catalog marks "Unused" on these GPUs are its ``CONTACT_SUPPORT`` (:data:`UNUSED`). Not listed, and so
+``UNKNOWN`` (which the verdict counts as a reset, and says so): those the catalog gives no action yet (162-172) and any
+newer one. An Xid this table does not know is never guessed harmless.
+
+Held against NVIDIA's NVSentinel (:data:`NVSENTINEL`), which reads the same catalog edition and maps its buckets to
+actions: it agrees on every Xid but where noted in the entries' sources (74, 144-150, 154's texts, 78, 159) and on the
+unknown ones (its ``CONTACT_SUPPORT``, where this table says ``reset_gpu``: the catalog's word for an Xid it does not
+list is none, and a reset is the smallest step that a workflow can try and the verification then judge again).
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import typing as t
 
 #: The catalog read, named by what it holds (the page carries no version or date of its own).
 CATALOG = (
-    "NVIDIA's Xid catalog for Ampere and newer GPUs (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html),"
-    " the edition that lists Xids 1 to 172 with driver linkage up to R575 / CUDA 12.9, read 2026-12-02"
+    "NVIDIA's Xid catalog for Ampere and newer GPUs (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html and its"
+    " Xid-Catalog.xlsx, modified 2025-09-30), the edition that lists Xids 1 to 172 with driver linkage up to R575 / CUDA 12.9,"
+    " read 2026-12-02 and 2026-12-05"
 )
+#: The mapping this table was held against (its syslog health monitor's MapActionStringToProto over the same catalog).
+NVSENTINEL = "NVIDIA/NVSentinel main at 42672ae (2026-08-21; platform v1.8.0), pkg/common/common.go, read 2026-12-05"
 
 IGNORE = "IGNORE"
 RESTART_APP = "RESTART_APP"
@@ -35,9 +42,11 @@ RESTART_BM = "RESTART_BM"
 CONTACT_SUPPORT = "CONTACT_SUPPORT"
 CHECK_MECHANICALS = "CHECK_MECHANICALS"
 DRAIN_P2P = "DRAIN_P2P"
+UPDATE_SWFW = "UPDATE_SWFW"
+RESTART_VM = "RESTART_VM"
 UNKNOWN = "UNKNOWN"
 #: Every bucket an event can carry.
-BUCKETS = (IGNORE, RESTART_APP, RESET_GPU, RESTART_BM, CONTACT_SUPPORT, CHECK_MECHANICALS, DRAIN_P2P, UNKNOWN)
+BUCKETS = (IGNORE, RESTART_APP, RESET_GPU, RESTART_BM, RESTART_VM, UPDATE_SWFW, CONTACT_SUPPORT, CHECK_MECHANICALS, DRAIN_P2P, UNKNOWN)
 
 
 class Xid(t.NamedTuple):
@@ -64,6 +73,39 @@ XID_48 = "catalog: WORKFLOW_XID_48 (a GPU reset or node reboot clears it; SRAM o
 XID_74 = 'catalog: WORKFLOW_NVLINK_ERR ("a GPU reset or node reboot is needed to clear this error")'
 NVLINK5_MIXED = "catalog: WORKFLOW_NVLINK5_ERR, decoded by subcode (IGNORE to RESET_GPU): without the decode, its worst, RESET_GPU"
 NVLINK5_IGNORE = "catalog: WORKFLOW_NVLINK5_ERR, every subcode of which is IGNORE"
+UNUSED_SOURCE = "catalog: Unused on these GPUs, CONTACT_SUPPORT (NVSentinel: CONTACT_SUPPORT)"
+XID_78 = (
+    "catalog: UPDATE_SWFW (a guest driver incompatible with the host's, a vGPU type not supported: the software, not the GPU;"
+    " NVSentinel: CONTACT_SUPPORT, a human decides)"
+)
+XID_159 = (
+    'catalog: CHECK_UVM ("if UVM/vGPU is being utilized, RESET_GPU; otherwise IGNORE"): every CUDA context uses UVM, so RESET_GPU;'
+    " NVSentinel: CONTACT_SUPPORT"
+)
+#: The Xids the catalog marks "Unused" on Ampere and newer GPUs: its immediate action is CONTACT_SUPPORT.
+UNUSED = (
+    *range(1, 8),
+    9,
+    10,
+    12,
+    *range(15, 25),
+    *range(26, 31),
+    *range(33, 37),
+    42,
+    47,
+    *range(49, 54),
+    *range(55, 60),
+    61,
+    65,
+    73,
+    81,
+    87,
+    90,
+    91,
+    *range(111, 119),
+    *range(122, 126),
+    138,
+)
 
 XIDS: dict[int, Xid] = {
     # The application's fault: the GPU is fine once the application is gone.
@@ -145,9 +187,16 @@ XIDS: dict[int, Xid] = {
     158: Xid(RESET_GPU, "GPU fatal timeout", CAT),
     # The node must be rebooted.
     79: Xid(RESTART_BM, "GPU has fallen off the bus", CAT),
+    159: Xid(RESET_GPU, "UVM or vGPU error", XID_159),
+    # The software, not the GPU: a configuration fault.
+    78: Xid(UPDATE_SWFW, "vGPU start error (a guest driver the host's does not support)", XID_78),
+    # A virtual machine's restart (confidential computing's key rotation): a reboot where the GPU is a VM's.
+    151: Xid(RESTART_VM, "key rotation error (confidential computing)", CAT),
+    **{x: Xid(IGNORE, "applies to no data-center GPU", CAT) for x in (152, 153)},
     # Service: keep the node out until someone has looked.
     54: Xid(CHECK_MECHANICALS, "auxiliary power is not connected to the GPU board", CAT),
     142: Xid(CONTACT_SUPPORT, "NVENC3 error", CAT),
+    **{x: Xid(CONTACT_SUPPORT, "an Xid the catalog marks unused on Ampere and newer GPUs: something no one expects", UNUSED_SOURCE) for x in UNUSED},
 }
 
 #: Xid 154 ("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)") carries the new recovery

@@ -128,13 +128,17 @@ options:
   fail_on:
     description:
       - The health verdict from which the module fails with RV(reason=unhealthy) (when the memory is clean). The
-        verdicts, from best to worst, are V(ok), V(restart_app), V(reset_gpu), V(reboot) and V(drain); V(never) only reports.
+        verdicts, from best to worst, are V(ok), V(restart_app), V(fix_config), V(reset_gpu), V(reboot) and V(drain);
+        V(never) only reports.
+      - V(fix_config) is a configuration fault no reset or reboot fixes (a device file absent, another device's or refused,
+        C(nvidia-uvm), C(libcuda.so.1), a variable DCGM flags, C(nvidia-fabricmanager)): its fix is the configuration.
       - A host fails when its verdict is a finding (anything but V(ok)) at or above O(fail_on). A healthy host never
-        fails for its health, so V(ok) fails on any finding, as V(restart_app) does.
+        fails for its health, so V(ok) fails on any finding, as V(restart_app) does. V(reset_gpu) and above leave a
+        configuration fault reported only (a GPU whose CUDA start it broke is not clean, whatever O(fail_on) says).
       - With O(fail_on_dirty=false) the module never fails for health either.
     type: str
-    choices: [ok, restart_app, reset_gpu, reboot, drain, never]
-    default: reset_gpu
+    choices: [ok, restart_app, fix_config, reset_gpu, reboot, drain, never]
+    default: fix_config
   since:
     description:
       - Xid errors logged before this time are ignored, as epoch seconds (V(1796112000)) or an ISO 8601 time
@@ -364,10 +368,22 @@ end:
   type: str
   sample: "2026-11-30 02:40:01.526789"
 elapsed_s:
-  description: Seconds the verification took, the scan of C(/proc) that names the holders of a GPU that is not clean included.
+  description:
+    - Seconds the verification took, everything its verdict waited for - the polling, the scan of C(/proc) that names the
+      holders of a GPU that is not clean, the CUDA start and its settling, the health readings.
+  returned: always
+  type: float
+  sample: 0.65
+poll_s:
+  description: Seconds of it spent reading the GPUs until they were clean (or the timeout passed), the naming of holders included.
   returned: always
   type: float
   sample: 0.003
+cuda_s:
+  description: Seconds of it spent on the CUDA start (RV(cuda_probe.elapsed_s)); null with O(cuda_probe=false).
+  returned: always
+  type: float
+  sample: 0.61
 time_to_clean_s:
   description: Seconds until every selected GPU was clean; null when they never were.
   returned: always
@@ -392,10 +408,39 @@ diagnosis:
   type: str
   sample: driver_not_loaded
 msg:
-  description: How many GPUs are clean and how long it took; otherwise every GPU that is not clean, why, and what to do.
+  description:
+    - How many GPUs are clean and how long it took; otherwise every GPU that is not clean, why, and what to do, each
+      distinct finding once with the GPUs it applies to and its fix once, then the health verdict's findings and the reset
+      plan. RV(lines) holds the same, a line each.
   returned: always
   type: str
-  sample: 8/8 GPUs clean in 0.11 s
+  sample: 8/8 GPUs clean in 0.65 s
+lines:
+  description:
+    - RV(msg) in its few lines, whatever the number of GPUs - the memory verdict (or the GPUs not clean, a line per distinct
+      diagnosis and sentence, each diagnosis's fix on its first line), C(Health - <verdict>) and a line per distinct health
+      finding, the verdict's advice, the reset plan.
+  returned: always
+  type: list
+  elements: str
+  sample: ["8 of 8 GPU(s) not clean after 1.9 s.", "GPUs 0-7 - uvm_missing - CUDA error 999 ... Fix - ..."]
+reset_plan:
+  description:
+    - Advisory, when the fix of a GPU is a reset and nothing worse (a reboot, a drain) is due - nothing is ever reset.
+      C(gpus) (C(index), C(uuid), C(pci_bus_id) and C(why), the findings that ask for it), C(together) (why more GPUs go with
+      them - on an NVSwitch system every GPU of the same NVLink fabric), C(where) (this host; for a container cleaned from its
+      node, the node by its own bus IDs; from inside a container, the host that runs it), C(daemons) (the management
+      daemons running, C(name), C(service), C(pids)), C(holders) (other processes holding the GPUs' device files, C(pid),
+      C(name), C(minors)) and C(commands) (in order - stop the daemons, end the holders, check, reset, start the daemons,
+      read the GPUs).
+    - Null when no reset is due, and in check mode.
+  returned: always
+  type: dict
+  sample:
+    advisory: true
+    gpus: [{"index": 4, "uuid": "GPU-...", "pci_bus_id": "00000000:9A:00.0", "why": ["row_remap_pending"]}]
+    where: this host
+    commands: ["systemctl stop nvidia-dcgm nvidia-persistenced", "nvidia-smi -r -i 00000000:9A:00.0", "systemctl start nvidia-persistenced nvidia-dcgm"]
 reason:
   description:
     - Why the module failed, on every failure. V(not_clean) (a selected GPU is not clean at the deadline; each GPU's
@@ -504,11 +549,12 @@ gpus:
       sample: {"ok": true, "reason": null, "code": null, "step": null, "allocated_mib": 128840, "elapsed_s": 0.41}
     health:
       description:
-        - The GPU's health verdict (V(ok), V(restart_app), V(reset_gpu), V(reboot), V(drain)), the evidence (one sentence
-          per finding, starting with the verdict it gives) and the readings it was judged from.
+        - The GPU's health verdict (V(ok), V(restart_app), V(fix_config), V(reset_gpu), V(reboot), V(drain)), the evidence
+          (one sentence per finding, starting with the verdict it gives), C(findings) (each C(name), C(verdict), C(text); the
+          user guide's table says what fixes each name) and the readings it was judged from.
         - C(readings) holds C(recovery_action), C(xid) (the Xid events of this GPU since O(since), each with C(xid), C(time),
           the catalog's C(bucket) and the C(line)), C(remapped_rows), C(retired_pages), C(ecc_volatile_uncorrected),
-          C(fabric) (C(state), C(status)), C(compute_mode), C(mig_mode) (C(current), C(pending)) and C(persistence_mode);
+          C(fabric) (C(state), C(status), C(cluster_uuid), C(clique_id)), C(compute_mode), C(mig_mode) (C(current), C(pending)) and C(persistence_mode);
           each null where the GPU or the driver does not report it (never guessed).
         - A GPU diagnosed V(gpu_lost) (or whose driver call hung) is V(reboot).
         - An Xid's C(bucket) is the immediate action of NVIDIA's Xid catalog, the edition that lists Xids 1 to 172
@@ -538,7 +584,10 @@ cuda_probe:
 software:
   description:
     - DCGM level 1's software checks (null with O(health=false)) - C(devices) (each selected GPU's device file, C(ctl), C(uvm),
-      C(uvm_tools), C(caps) where MIG is on, each with C(path), C(ok) and C(why); C(gpu_files) against C(nvml_count); C(uvm_major);
+      C(uvm_tools), C(caps) where MIG is on, each with C(path), C(ok), C(why) and C(fault) - V(absent), V(wrong) (another
+      device's numbers, or a regular file, against what C(/proc/devices) gives the driver), V(refused) (the device cgroup or
+      the file's mode) or V(unopenable); C(gpu_files) against C(nvml_count); C(uvm_major); C(numbers_checked) (whether
+      C(/proc/devices) lists the driver, so that each node's numbers were held to it); C(uvm_loaded);
       with O(containers) the container's, with C(container), and C(unchecked) when they could not be looked at),
       C(environment) (C(found) variables DCGM flags with C(name), C(where), C(value); C(read), C(unreadable) and C(not_visible), what
       the module cannot see), C(inforom) (C(index), C(valid)) and C(findings) (C(name), C(verdict), C(gpu), C(text)), which the
@@ -572,6 +621,9 @@ health:
   description:
     - The host's health verdict, the worst of its GPUs' and of its own findings, with O(fail_on), the evidence (GPU by GPU),
       C(since) (epoch seconds) and C(elapsed_s) (what judging it cost).
+    - C(findings) says each distinct finding once, worst first - C(name), C(verdict), C(gpus) (the GPUs it applies to, [] for
+      the host's own), C(text), C(where) (where the fix is made - V(configuration), V(gpu), V(node), V(service),
+      V(application), V(process), V(nothing)) and C(fix) (the user guide's table, "What fixes each finding").
     - C(host) holds C(mps_daemon) (PIDs of MPS control daemons and servers left running), C(fabricmanager) (V(running),
       V(not_running), or V(not_needed) where no GPU has an NVLink fabric), C(kernel_log) (V(kmsg), V(journalctl) or V(unreadable))
       and C(kernel_log_read) (C(complete), whether the log was read to its end; C(skipped_bytes), the older records
@@ -581,8 +633,9 @@ health:
   type: dict
   sample:
     verdict: ok
-    fail_on: reset_gpu
+    fail_on: fix_config
     evidence: []
+    findings: []
     host:
       mps_daemon: []
       fabricmanager: not_needed

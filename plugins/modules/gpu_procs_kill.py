@@ -428,8 +428,8 @@ summary:
     "signals": {"TERM": 9, "KILL": 2}, "rounds": 1, "respawned": 0}
 verdict:
   description: V(reboot) when the module fails with RV(reason=unkillable), since a process the kernel cannot end keeps
-    its GPU until the node reboots (the health verdict's scale, C(ok) < C(restart_app) < C(reset_gpu) < C(reboot) <
-    C(drain)).
+    its GPU until the node reboots (the health verdict's scale, C(ok) < C(restart_app) < C(fix_config) < C(reset_gpu) <
+    C(reboot) < C(drain)).
   returned: when the module fails with RV(reason=unkillable)
   type: str
   sample: reboot

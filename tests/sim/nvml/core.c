@@ -223,6 +223,39 @@ nvmlReturn_t sim_leave(nvmlReturn_t rc)
     return rc;
 }
 
+/* Is <dev dir>/<name> the driver's own node? 1: yes (the inode of its hard link in driver/, or no such link to tell),
+ * 0: present but another file (a /dev/null or a regular file bound over it), -1: absent. The real driver serves only
+ * its own numbers: with /dev/nvidia0 another device's, NVML does not list the GPU and cuInit finds no device; with
+ * /dev/nvidiactl another device's, nvmlInit answers NVML_ERROR_OPERATING_SYSTEM (seen on an H100, driver 580.159.04:
+ * docs/results/round4-facts-h100x1-2026-12-05.json). */
+int sim_node_is_drivers(const char *name)
+{
+    char path[PATH_MAX + 64], own[PATH_MAX + 64];
+    struct stat here, drivers;
+    snprintf(path, sizeof path, "%s/%s", sim_dev_dir, name);
+    if (stat(path, &here) != 0)
+        return -1;
+    snprintf(own, sizeof own, "%s/driver/%s", sim_state, name);
+    if (stat(own, &drivers) != 0)
+        return 1;
+    return here.st_dev == drivers.st_dev && here.st_ino == drivers.st_ino;
+}
+
+/* The GPUs NVML lists, in its order: every GPU of node.conf but one whose device file is present and another
+ * device's (an absent one is listed, as a container's NVML lists it). map[i] is NVML index i's GPU in node.conf. */
+unsigned sim_visible(unsigned *map)
+{
+    char name[32];
+    unsigned n = 0;
+    for (unsigned i = 0; i < sim_cfg.gpu_count; i++) {
+        snprintf(name, sizeof name, "nvidia%u", sim_cfg.gpus[i].minor);
+        if (sim_node_is_drivers(name) == 0)
+            continue;
+        map[n++] = i;
+    }
+    return n;
+}
+
 /* Handing out a device handle opens the GPU's device file (kept until the
  * last nvmlShutdown), as libnvidia-ml does. Called with sim_mutex held. */
 int sim_device_open(unsigned index)
@@ -302,6 +335,8 @@ static nvmlReturn_t do_init(unsigned int flags)
         return sim_leave(sim_cfg.init_error);
 
     close_all();
+    if (sim_node_is_drivers("nvidiactl") == 0)
+        return sim_leave(NVML_ERROR_OPERATING_SYSTEM); /* "GPU access blocked by the operating system" */
     snprintf(path, sizeof path, "%s/nvidiactl", sim_dev_dir);
     ctl_fd = open(path, O_RDWR | O_CLOEXEC);
     if (ctl_fd < 0)

@@ -339,10 +339,20 @@ static int can_open(const char *name)
 {
     char path[PATH_MAX + 64];
     int fd;
+    struct stat here, drivers;
+    char own[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", wk_dev_dir(cu.state), name);
     fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return 0;
+    /* Only the driver's own node serves CUDA (its hard link in driver/ is the same inode): another device's node
+     * bound over it opens, and the driver refuses it (cuInit 999 for nvidia-uvm, no device for a GPU or nvidiactl,
+     * as on an H100: docs/results/round4-facts-h100x1-2026-12-05.json). */
+    snprintf(own, sizeof own, "%s/driver/%s", cu.state, name);
+    if (fstat(fd, &here) == 0 && stat(own, &drivers) == 0 && (here.st_dev != drivers.st_dev || here.st_ino != drivers.st_ino)) {
+        close(fd);
+        return 0;
+    }
     close(fd);
     return 1;
 }

@@ -19,9 +19,10 @@ static nvmlReturn_t get_count(const char *fn, unsigned int *deviceCount)
     nvmlReturn_t rc = sim_enter(fn);
     if (rc != NVML_SUCCESS)
         return rc;
+    unsigned map[SIM_MAX_GPUS];
     if (!deviceCount)
         return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
-    *deviceCount = sim_cfg.gpu_count;
+    *deviceCount = sim_visible(map);
     return sim_leave(NVML_SUCCESS);
 }
 
@@ -54,12 +55,14 @@ static nvmlReturn_t hand_out(const char *fn, unsigned index, nvmlDevice_t *devic
 
 static nvmlReturn_t by_index(const char *fn, unsigned int index, nvmlDevice_t *device)
 {
+    unsigned map[SIM_MAX_GPUS], n;
     nvmlReturn_t rc = sim_enter(fn);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!device || index >= sim_cfg.gpu_count)
+    n = sim_visible(map);
+    if (!device || index >= n)
         return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
-    return hand_out(fn, index, device);
+    return hand_out(fn, map[index], device);
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
@@ -79,9 +82,10 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
         return rc;
     if (!uuid || !device)
         return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
-    for (unsigned i = 0; i < sim_cfg.gpu_count; i++)
-        if (strcasecmp(sim_cfg.gpus[i].uuid, uuid) == 0)
-            return hand_out(__func__, i, device);
+    unsigned map[SIM_MAX_GPUS], n = sim_visible(map);
+    for (unsigned k = 0; k < n; k++)
+        if (strcasecmp(sim_cfg.gpus[map[k]].uuid, uuid) == 0)
+            return hand_out(__func__, map[k], device);
     return sim_leave(NVML_ERROR_NOT_FOUND);
 }
 
@@ -99,10 +103,11 @@ static nvmlReturn_t by_bus_id(const char *fn, const char *pciBusId, nvmlDevice_t
         if (sscanf(pciBusId, "%x:%x.%x", &b, &dv, &f) != 3)
             return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
     }
-    for (unsigned i = 0; i < sim_cfg.gpu_count; i++) {
-        const sim_gpu_t *g = &sim_cfg.gpus[i];
+    unsigned map[SIM_MAX_GPUS], n = sim_visible(map);
+    for (unsigned k = 0; k < n; k++) {
+        const sim_gpu_t *g = &sim_cfg.gpus[map[k]];
         if (g->domain == d && g->bus == b && g->dev == dv)
-            return hand_out(fn, i, device);
+            return hand_out(fn, map[k], device);
     }
     return sim_leave(NVML_ERROR_NOT_FOUND);
 }
@@ -143,8 +148,15 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
     nvmlReturn_t rc = sim_enter_dev(__func__, device, &g);
     if (rc != NVML_SUCCESS)
         return rc;
+    unsigned map[SIM_MAX_GPUS], n = sim_visible(map);
     if (!index)
         return sim_leave(NVML_ERROR_INVALID_ARGUMENT);
+    /* NVML's index: the GPU's place among those it lists (node.conf's, unless a device file hides one). */
+    for (unsigned k = 0; k < n; k++)
+        if (map[k] == device->index) {
+            *index = k;
+            return sim_leave(NVML_SUCCESS);
+        }
     *index = device->index;
     return sim_leave(NVML_SUCCESS);
 }

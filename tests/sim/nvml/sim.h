@@ -155,6 +155,8 @@ nvmlReturn_t sim_enter(const char *fn);
 nvmlReturn_t sim_enter_dev(const char *fn, nvmlDevice_t device, const sim_gpu_t **gpu);
 nvmlReturn_t sim_leave(nvmlReturn_t rc);
 int sim_device_open(unsigned index);
+int sim_node_is_drivers(const char *name);
+unsigned sim_visible(unsigned *map);
 nvmlReturn_t sim_copy_string(char *dst, unsigned length, const char *src);
 
 /* Result of every generated (unimplemented) entry point. */

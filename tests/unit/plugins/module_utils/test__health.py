@@ -24,11 +24,13 @@ def readings(**kw: object) -> dict:
 
 def test_the_verdicts_are_ordered_and_fail_on_fails_a_finding_at_or_above_it() -> None:
     """What gpu_mem_verify's fail_on documentation says: a finding at or above fail_on fails; a healthy GPU never does."""
-    assert _health.VERDICTS == ("ok", "restart_app", "reset_gpu", "reboot", "drain")
+    assert _health.VERDICTS == ("ok", "restart_app", "fix_config", "reset_gpu", "reboot", "drain")
     assert _health.worst([]) == "ok"
     assert _health.worst(["restart_app", "drain", "reset_gpu"]) == "drain"
     assert _health.fails("reset_gpu", "reset_gpu") and _health.fails("reboot", "reset_gpu")
     assert not _health.fails("restart_app", "reset_gpu")
+    # A configuration fault fails at the default (fix_config), and is only reported from reset_gpu up.
+    assert _health.fails("fix_config", "fix_config") and not _health.fails("fix_config", "reset_gpu") and not _health.fails("restart_app", "fix_config")
     # fail_on: ok fails on any finding, as restart_app does, and never on a healthy verdict.
     assert [v for v in _health.VERDICTS if _health.fails(v, "ok")] == [v for v in _health.VERDICTS if _health.fails(v, "restart_app")]
     assert not _health.fails("ok", "ok")
@@ -121,7 +123,9 @@ def test_a_file_in_kmsg_format_is_read_like_dev_kmsg(tmp_path) -> None:
         (142, "NVENC3 error", "CONTACT_SUPPORT", "drain"),
         (54, "Auxiliary power is not connected to the GPU board", "CHECK_MECHANICALS", "drain"),
         (154, "GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)", "DRAIN_P2P", "drain"),
-        (57, "pid='<unknown>', name=<unknown>, something new", "UNKNOWN", "reset_gpu"),
+        (57, "pid='<unknown>', name=<unknown>, unused on these GPUs", "CONTACT_SUPPORT", "drain"),
+        (166, "pid='<unknown>', name=<unknown>, no action in the catalog yet", "UNKNOWN", "reset_gpu"),
+        (78, "vGPU start error", "UPDATE_SWFW", "fix_config"),
     ],
 )
 def test_each_bucket_read_from_a_kernel_log_gives_its_verdict(tmp_path, xid: int, text: str, bucket: str, verdict: str) -> None:
@@ -225,7 +229,7 @@ def test_since(value: object, expected: float | None) -> None:
 def test_a_gpu_with_nothing_to_say_is_ok() -> None:
     r = readings(recovery_action="none", xid=[], compute_mode="default", persistence_mode=False, mig_mode={"current": True, "pending": True})
     h = _health.judge_gpu(r, "clean")
-    assert h == {"verdict": "ok", "evidence": [], "readings": r}
+    assert h == {"verdict": "ok", "evidence": [], "findings": [], "readings": r}
 
 
 @pytest.mark.parametrize(
@@ -239,7 +243,8 @@ def test_a_gpu_with_nothing_to_say_is_ok() -> None:
         (readings(remapped_rows={"correctable": 0, "uncorrectable": 1, "pending": False, "failure": True}), "drain", "RMA"),
         (readings(retired_pages={"pending": True, "single_bit": 0, "double_bit": 1}), "reset_gpu", "page retirement is pending"),
         (readings(ecc_volatile_uncorrected=2), "restart_app", "2 uncorrectable ECC"),
-        (readings(fabric={"state": "not_started", "status": 0}), "reset_gpu", "fabric is not_started"),
+        # Fabric Manager brings the fabric up, not a reset.
+        (readings(fabric={"state": "not_started", "status": 0}), "fix_config", "fabric is not_started"),
         (readings(fabric={"state": "completed", "status": 3}), "reset_gpu", "NVML error 3"),
         (readings(compute_mode="exclusive_process"), "restart_app", "busy or unavailable"),
         (readings(compute_mode="prohibited"), "restart_app", "prohibited"),
@@ -302,15 +307,19 @@ def test_the_host_is_the_worst_of_its_gpus_and_its_own_findings() -> None:
 
 def test_an_mps_daemon_left_behind_is_restart_app_naming_it() -> None:
     h = _health.judge_host([(0, _health.judge_gpu(readings()))], {"mps_daemon": [77, 78], "fabricmanager": "not_needed"}, "reset_gpu")
-    assert h["verdict"] == "restart_app" and "PID(s) 77, 78" in h["evidence"][0] and "gpu_mode_restore" in h["evidence"][0]
+    assert h["verdict"] == "restart_app" and "PID(s) 77, 78" in h["evidence"][0]
+    [f] = h["findings"]
+    assert (f["name"], f["gpus"], f["where"]) == ("mps_daemon", [], "application") and "mps: stopped" in f["fix"]
 
 
 def test_a_missing_fabric_manager_matters_only_while_a_fabric_is_not_up() -> None:
     waiting = _health.judge_gpu(readings(fabric={"state": "in_progress", "status": 0}))
     up = _health.judge_gpu(readings(fabric={"state": "completed", "status": 0}))
     down = {"mps_daemon": [], "fabricmanager": "not_running"}
-    assert any("not running" in e for e in _health.judge_host([(0, waiting)], down, "reset_gpu")["evidence"])
-    assert _health.judge_host([(0, up)], down, "reset_gpu") == {"verdict": "ok", "fail_on": "reset_gpu", "evidence": [], "host": down}
+    judged = _health.judge_host([(0, waiting)], down, "reset_gpu")
+    assert any("not running" in e for e in judged["evidence"]) and judged["verdict"] == "fix_config"
+    assert [f["name"] for f in judged["findings"]] == ["fabricmanager_not_running", "fabric_incomplete"]
+    assert _health.judge_host([(0, up)], down, "reset_gpu") == {"verdict": "ok", "fail_on": "reset_gpu", "evidence": [], "findings": [], "host": down}
 
 
 def test_an_xid_of_a_device_no_gpu_has_is_the_hosts_finding() -> None:
@@ -352,34 +361,23 @@ def test_gpu_lists_read_as_a_person_counts(indices: list[int], text: str) -> Non
     assert _health.gpu_list(indices) == text
 
 
-def test_the_same_finding_on_eight_gpus_is_one_sentence_and_other_findings_stay() -> None:
-    """A container without its GPUs' device files: eight sentences that differ only in the GPU's number are said once,
-    naming the other seven; a finding with facts of its own (a PID, an Xid line) is never folded into another."""
-    missing = [f"reset_gpu: device_missing: /dev/nvidia{i} is absent: CUDA cannot use GPU {i} here; pass its device file into the container." for i in range(8)]
-    ctl = "reset_gpu: device_missing: /dev/nvidiactl is absent: no CUDA program can start."
-    xids = [
-        "GPU 2: reset_gpu: Xid 48 in the kernel log (RESET_GPU): NVRM: Xid (PCI:0000:1a:00): 48",
-        "GPU 5: reset_gpu: Xid 48 in the kernel log (RESET_GPU): NVRM: Xid (PCI:0000:9a:00): 48",
+def test_the_same_finding_on_eight_gpus_is_one_line_and_its_fix_is_said_once() -> None:
+    """A container without its GPUs' device files: eight findings that differ only in the GPU's number are one line
+    naming the eight; a finding with facts of its own (a PID, an Xid line) is never folded into another; each name's fix
+    (the table's) is said once, worst first."""
+    found = [
+        {"name": "device_missing", "verdict": "fix_config", "gpu": i, "text": f"/dev/nvidia{i} is absent: CUDA cannot use GPU {i} here"} for i in range(8)
     ]
-    out = _health.said_once([*missing, ctl, *xids, ctl])
-    assert out == [
-        "reset_gpu: device_missing: /dev/nvidia0 is absent: CUDA cannot use GPU 0 here; pass its device file into the container (the same for GPUs 1-7).",
-        ctl,
-        *xids,
+    found += [{"name": "device_missing", "verdict": "fix_config", "gpu": None, "text": "/dev/nvidiactl is absent: no CUDA program can start"}]
+    found += [
+        {"name": "xid", "verdict": "reset_gpu", "gpu": 2, "text": "Xid 48 in the kernel log (RESET_GPU): NVRM: Xid (PCI:0000:1a:00): 48"},
+        {"name": "xid", "verdict": "reset_gpu", "gpu": 5, "text": "Xid 48 in the kernel log (RESET_GPU): NVRM: Xid (PCI:0000:9a:00): 48"},
     ]
-    # What is shown may differ from what is compared (a GPU's UUID beside its index).
-    shown = [f"GPU {i} (GPU-{i}): exclusive." for i in (0, 1)]
-    assert _health.said_once([f"GPU {i}: exclusive." for i in (0, 1)], shown) == ["GPU 0 (GPU-0): exclusive (the same for GPU 1)."]
-
-
-def test_evidence_text_leaves_out_what_the_message_said_already() -> None:
-    evidence = [
-        "GPU 0: reset_gpu: uvm_missing: a CUDA start failed (x).",
-        "GPU 1: reset_gpu: uvm_missing: a CUDA start failed (x).",
-        "GPU 1: restart_app: compute mode is exclusive_process.",
-    ]
-    assert _health.evidence_text(evidence, {evidence[0], evidence[1]}) == "GPU 1: restart_app: compute mode is exclusive_process."
-    assert (
-        _health.evidence_text(evidence)
-        == "GPU 0: reset_gpu: uvm_missing: a CUDA start failed (x) (the same for GPU 1). GPU 1: restart_app: compute mode is exclusive_process."
-    )
+    groups = _health.grouped(found)
+    assert [(g["name"], g["gpus"]) for g in groups] == [("xid", [2]), ("xid", [5]), ("device_missing", list(range(8))), ("device_missing", [])]
+    assert groups[2]["text"] == "/dev/nvidia<minor> is absent: CUDA cannot use each GPU here" and groups[2]["where"] == "configuration"
+    out = _health.lines(groups)
+    assert len(out) == 4 and out[2].startswith("GPUs 0-7: device_missing (fix_config): /dev/nvidia<minor> is absent")
+    assert sum("Fix:" in line for line in out) == 2 and "Fix:" in out[0] and "Fix:" not in out[1] and "Fix:" not in out[3]
+    # What the message said already is left out.
+    assert _health.lines(groups, {"device_missing"}) == out[:2]

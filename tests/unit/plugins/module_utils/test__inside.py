@@ -39,7 +39,7 @@ def test_the_launch_runs_the_program_with_the_first_python3_and_reads_its_answer
     done = _inside.run(launch("/usr/bin:/bin", str(tmp_path)), 60)
     answer = _inside.answer_of(103, done, 60)
     assert answer["ok"] is True, answer
-    assert answer["devices"]["gpus"] == {2: {"path": f"{tmp_path}/nvidia2", "ok": True, "why": None}} and not answer["devices"]["uvm"]["ok"]
+    assert answer["devices"]["gpus"] == {2: {"path": f"{tmp_path}/nvidia2", "ok": True, "why": None, "fault": None}} and not answer["devices"]["uvm"]["ok"]
     assert (answer["raw"], answer["left_behind"]) == ({}, []) and answer["python"]
 
 

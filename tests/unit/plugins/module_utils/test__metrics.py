@@ -12,12 +12,15 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import _metrics
 
 def test_the_metrics_text_parses_as_prometheus_reads_it() -> None:
     gpu = {"index": 0, "uuid": "GPU-1", "pci_bus_id": "0000:18:00.0", "minor": 4, "name": 'H200 "SXM"\nx', "used_mib": 3}
-    r = {"clean": False, "ended": 2, "phase": "verify", "reason": "busy", "after": [3], "targets": [1], "gpus": [gpu], "health": {"verdict": "reboot"}}
+    plan = {"gpus": [{"index": 0, "uuid": "GPU-1", "pci_bus_id": "0000:18:00.0", "why": ["row_remap_pending"]}], "where": "this host"}
+    r = {"clean": False, "ended": 2, "phase": "verify", "reason": "busy", "after": [3], "targets": [1], "gpus": [gpu], "health": {"verdict": "reboot"}, "reset_plan": plan}
     fams = {f.name: f for f in text_string_to_metric_families(_metrics.text(r, 'h"1\\', 1.5, 101.5))}
     assert fams["clean_slate_last_run_success"].samples[0].value == 0
     assert fams["clean_slate_last_run_duration_seconds"].samples[0].value == 1.5
     assert fams["clean_slate_last_run_info"].samples[0].labels == {"host": 'h"1\\', "phase": "verify", "reason": "busy"}
-    assert fams["clean_slate_last_run_health"].samples[0].value == 3
+    assert fams["clean_slate_last_run_health"].samples[0].value == 4
+    [advised] = fams["clean_slate_gpu_reset_advised"].samples
+    assert advised.labels == {"host": 'h"1\\', "gpu": "0", "UUID": "GPU-1", "pci_bus_id": "0000:18:00.0", "why": "row_remap_pending"} and advised.value == 1
     [used] = fams["clean_slate_gpu_used_mib"].samples
     assert used.labels["device"] == "nvidia4" and used.labels["modelName"] == 'H200 "SXM"\nx' and used.value == 3
     assert _metrics.path("/m/", "a b") == "/m/clean_slate_a_b.prom" and _metrics.path("", "h") == ""

@@ -42,7 +42,12 @@ def test_a_clean_run() -> None:
     r = result(DONE)
     assert (r["clean"], r["phase"], r["reason"], r["failure"]) == (True, "done", "", "")
     # The two ways a process ended add up to the count.
-    assert r["summary"] == "gpu-node-1: 2/2 GPUs clean in 1.3 s, 3 processes ended (2 by TERM, 1 by KILL); 2 stale segments removed"
+    # The seconds are the kill's and everything the verification waited for (its elapsed_s, not only its polling).
+    assert r["summary"] == "gpu-node-1: 2/2 GPUs clean in 1.35 s, 3 processes ended (2 by TERM, 1 by KILL); 2 stale segments removed"
+    assert r["lines"] == [r["summary"]] and r["cuda_s"] is None and r["reset_plan"] is None
+    # With a CUDA start, its share is said and kept.
+    r = result({**DONE, "verify": {**VERIFY, "elapsed_s": 0.75, "cuda_s": 0.6}})
+    assert r["cuda_s"] == 0.6 and r["summary"].startswith("gpu-node-1: 2/2 GPUs clean in 1.95 s (CUDA start 0.60 s), 3 processes ended")
     assert (r["ended"], r["before"], r["after"], r["gpu_count"], r["clean_count"]) == (3, [8000, 0], [0, 0], 2, 2)
     assert r["residue"] == RESIDUE["summary"] and r["targets"] == KILL["targets"]
 
@@ -120,7 +125,7 @@ def test_check_mode_and_fail_on_dirty_false_only_report() -> None:
 def test_the_health_verdict_reaches_the_result_and_the_summary() -> None:
     sick = {**VERIFY, "health": {"verdict": "reset_gpu", "evidence": ["reset_gpu: a row remapping is pending."], "readings": {}}}
     r = result({**DONE, "verify": sick})
-    assert r["health"] == {"verdict": "reset_gpu", "evidence": ["reset_gpu: a row remapping is pending."]}
+    assert r["health"] == {"verdict": "reset_gpu", "evidence": ["reset_gpu: a row remapping is pending."], "findings": []}
     assert "; health: reset_gpu" in r["summary"] and r["clean"] is True
     r = result({**DONE, "verify": {**VERIFY, "health": {"verdict": "ok", "evidence": []}}})
     assert r["health"]["verdict"] == "ok" and "health:" not in r["summary"]

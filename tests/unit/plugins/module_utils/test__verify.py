@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _proctable, _verify
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _findings, _proctable, _verify
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._nvml import (
     NVML_ERROR_GPU_IS_LOST,
@@ -82,7 +82,7 @@ def test_diagnoses() -> None:
     # Memory held, nothing listed, nothing holding.
     diag, detail = _verify.diagnose(reading(4096, recovery=1), CRIT, {}, own)[:2]
     assert diag == "orphaned_context"
-    assert "recovery action is gpu_reset" in detail and "nvidia-smi -r" in detail
+    assert "recovery action is gpu_reset" in detail and detail.endswith(_findings.FINDINGS["orphaned_context"].fix) and "reset plan" in detail
     # Without the driver's word, a container cannot tell an orphan from memory held by the host.
     diag = _verify.diagnose(reading(4096, recovery=0), CRIT, {}, own)[0]
     assert diag == ("orphaned_context" if _proctable.in_initial_pidns() else "held_outside_namespace")
@@ -155,7 +155,7 @@ def test_poll_returns_at_once_when_clean_and_waits_until_the_deadline_otherwise(
     assert 0.99 < out.elapsed_s < 1.01 and 10 <= out.polls <= 12
     assert out.gpus[0]["diagnosis"] in ("orphaned_context", "held_outside_namespace")
     msg = _verify.failure_message(out, 1)
-    assert msg.startswith("1 of 1 GPU(s) not clean after 1.0 s: GPU 0 (")
+    assert msg.startswith("1 of 1 GPU(s) not clean after 1.0 s. GPU 0 (")
 
 
 def test_elapsed_includes_the_scan_that_names_the_holders(monkeypatch) -> None:
@@ -223,15 +223,18 @@ def lost(index: int) -> Gpu:
 
 def test_the_verdict_counts_clean_gpus_and_healthy_ones() -> None:
     every = [Gpu(index=i) for i in range(4)]
-    assert _verify.verdict(outcome(True, True, True, True), every, 4, None) == (None, "4/4 GPUs clean in 0.25 s")
-    assert _verify.verdict(outcome(True, True, True, True), every, 4, 4) == (None, "4/4 GPUs clean in 0.25 s")
-    reason, msg = _verify.verdict(outcome(True, False), every, 2, None)
-    assert reason == "not_clean" and msg.startswith("1 of 2 GPU(s) not clean after 0.2 s: GPU 1 (GPU-1): busy: held by PID(s) 42")
+    assert _verify.verdict(outcome(True, True, True, True), every, 4, None) == (None, ["4/4 GPUs clean in 0.25 s"])
+    assert _verify.verdict(outcome(True, True, True, True), every, 4, 4) == (None, ["4/4 GPUs clean in 0.25 s"])
+    # The seconds are what the verdict waited for, when given (the CUDA start included).
+    assert _verify.verdict(outcome(True, True, True, True), every, 4, 4, elapsed=0.91) == (None, ["4/4 GPUs clean in 0.91 s"])
+    reason, lines = _verify.verdict(outcome(True, False), every, 2, None)
+    assert reason == "not_clean" and lines[0] == "1 of 2 GPU(s) not clean after 0.2 s." and lines[1].startswith("GPU 1 (GPU-1): busy: held by PID(s) 42")
 
 
 def test_a_failure_says_each_thing_once() -> None:
-    """Seven busy GPUs: each GPU's own facts (its UUID, memory, PIDs), the advice they share once after them; eight GPUs
-    whose CUDA start failed the same way: one sentence naming the other seven. Each GPU's detail keeps its full sentence."""
+    """Seven busy GPUs: each GPU's own facts (its memory, its PIDs) on a line, the fix they share once, on the first;
+    eight GPUs whose CUDA start failed the same way: one line naming the eight, its fix once. Each GPU's detail keeps its
+    whole sentence."""
     busy = _verify.ADVICE["busy"]
     gpus = [
         {"index": i, "uuid": f"GPU-{i}", "clean": False, "diagnosis": "busy", "detail": f"8009 MiB used, held by PID(s) {3 + 2 * i} (other{i}). {busy}"}
@@ -239,34 +242,31 @@ def test_a_failure_says_each_thing_once() -> None:
     ]
     gpus.append({"index": 7, "uuid": "GPU-7", "clean": True, "diagnosis": "clean", "detail": "clean"})
     out = _verify.Outcome(gpus=gpus, elapsed_s=0.02, time_to_clean_s=None, polls=1, notes=[])
-    msg = _verify.failure_message(out, 8)
-    assert msg.count(busy) == 1 and msg.endswith(f"GPUs 0-6: {busy}"), msg
-    for i in range(7):
-        assert f"GPU {i} (GPU-{i}): busy: 8009 MiB used, held by PID(s) {3 + 2 * i} (other{i})." in msg
-    assert all(g["detail"].endswith(busy) for g in gpus[:7])
-    # One busy GPU keeps its advice where it was.
-    one = _verify.Outcome(gpus=gpus[:1], elapsed_s=0.02, time_to_clean_s=None, polls=1, notes=[])
-    assert _verify.failure_message(one, 1) == f"1 of 1 GPU(s) not clean after 0.0 s: GPU 0 (GPU-0): busy: {gpus[0]['detail']}"
+    lines = _verify.failure_lines(out, 8)
+    assert lines[0] == "7 of 8 GPU(s) not clean after 0.0 s." and len(lines) == 8
+    assert lines[1] == f"GPU 0 (GPU-0): busy: 8009 MiB used, held by PID(s) 3 (other0). Fix: {busy}"
+    for i in range(1, 7):
+        assert lines[i + 1] == f"GPU {i} (GPU-{i}): busy: 8009 MiB used, held by PID(s) {3 + 2 * i} (other{i})."
+    assert _verify.failure_message(out, 8) == " ".join(lines) and all(g["detail"].endswith(busy) for g in gpus[:7])
 
-    detail = "CUDA error 999 in cuInit: /dev/nvidia-uvm is absent. Load nvidia-uvm, then restart the container."
-    starts = {"ok": False, "reason": "uvm_missing", "detail": detail}
-    gpus = [{"index": i, "uuid": f"GPU-{i}", "clean": False, "diagnosis": "uvm_missing", "detail": detail, "startable": starts} for i in range(8)]
+    facts = "CUDA error 999 in cuInit: /dev/nvidia-uvm is absent."
+    fix = _findings.FINDINGS["uvm_missing"].fix
+    starts = {"ok": False, "reason": "uvm_missing", "facts": facts, "detail": f"{facts} {fix}"}
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "clean": False, "diagnosis": "uvm_missing", "detail": f"{facts} {fix}", "startable": starts} for i in range(8)]
     out = _verify.Outcome(gpus=gpus, elapsed_s=0.1, time_to_clean_s=None, polls=1, notes=[])
-    msg = _verify.failure_message(out, 8)
-    assert msg == f"8 of 8 GPU(s) not clean after 0.1 s: GPU 0 (GPU-0): uvm_missing: {detail[:-1]} (the same for GPUs 1-7)."
-    # The health verdict's evidence of those starts is what the message said already.
-    assert _verify.reported_starts(out) == {f"GPU {i}: reset_gpu: uvm_missing: a CUDA start failed ({detail})." for i in range(8)}
+    assert _verify.failure_lines(out, 8) == ["8 of 8 GPU(s) not clean after 0.1 s.", f"GPUs 0-7: uvm_missing: {facts} Fix: {fix}"]
 
 
 def test_a_lost_gpu_is_counted_but_not_healthy() -> None:
     every = [Gpu(index=0), lost(1), Gpu(index=2)]
-    reason, msg = _verify.verdict(outcome(True, True), every, 2, 3)
-    assert (reason, msg) == ("missing_gpus", "expected 3 GPUs, found 2 healthy of 3 (lost: GPU 1).")
+    reason, lines = _verify.verdict(outcome(True, True), every, 2, 3)
+    assert (reason, lines) == ("missing_gpus", ["expected 3 GPUs, found 2 healthy of 3 (lost: GPU 1)."])
     # Both problems: each is said, and the dirty GPU decides the reason.
-    reason, msg = _verify.verdict(outcome(True, False), every, 2, 3)
-    assert reason == "not_clean" and msg.startswith("expected 3 GPUs, found 2 healthy of 3 (lost: GPU 1). 1 of 2 GPU(s) not clean")
-    # Fewer GPUs than expected and none lost: the driver shows fewer.
-    assert _verify.verdict(outcome(True), [Gpu(index=0)], 1, 8) == ("missing_gpus", "expected 8 GPUs, found 1 healthy of 1.")
+    reason, lines = _verify.verdict(outcome(True, False), every, 2, 3)
+    assert reason == "not_clean" and " ".join(lines).startswith("expected 3 GPUs, found 2 healthy of 3 (lost: GPU 1). 1 of 2 GPU(s) not clean")
+    # Fewer GPUs than expected and none lost: the driver shows fewer, and the device files say why.
+    shortfall = [{"name": "device_missing", "verdict": "fix_config", "gpu": None, "text": "/dev/nvidia1 is absent"}]
+    assert _verify.verdict(outcome(True), [Gpu(index=0)], 1, 8, shortfall) == ("missing_gpus", ["expected 8 GPUs, found 1 healthy of 1: /dev/nvidia1 is absent."])
 
 
 def test_options_are_checked_before_the_gpus_are_touched(tmp_path) -> None:

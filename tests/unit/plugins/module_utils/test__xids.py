@@ -25,12 +25,21 @@ CATALOG_TEXT = {
     "IGNORE": [14, 37, 38, 43, 44, 63, 66, 67, 92, 93, 106, 107, 108, 121, 137, 141, 157, 160, 161],
     "RESET_GPU": [46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158],
     "RESTART_BM": [79],
-    "CONTACT_SUPPORT": [142],
+    "RESTART_VM": [151],
+    "UPDATE_SWFW": [78],
+    # 142, and every Xid the catalog marks "Unused" on these GPUs (round4: the catalog's own CONTACT_SUPPORT, as
+    # NVIDIA's NVSentinel reads it).
+    "CONTACT_SUPPORT": [142, *range(1, 8), 9, 10, 12, *range(15, 25), *range(26, 31), *range(33, 37), 42, 47, *range(49, 54)]
+    + [*range(55, 60), 61, 65, 73, 81, 87, 90, 91, *range(111, 119), *range(122, 126), 138],
     "CHECK_MECHANICALS": [54],
 }
+# Xids that apply to no data-center GPU (the catalog's four columns all NO): nothing to do.
+CATALOG_TEXT["IGNORE"] += [152, 153]
 # The catalog's workflows, and the bucket each reads as here (the reason is each entry's source).
 WORKFLOWS = {45: "IGNORE", 48: "RESET_GPU", 74: "RESET_GPU", 144: "RESET_GPU", 145: "RESET_GPU", 146: "RESET_GPU"}
 WORKFLOWS.update({147: "IGNORE", 148: "IGNORE", 149: "RESET_GPU", 150: "RESET_GPU"})
+# CHECK_UVM: "if UVM/vGPU is being utilized, RESET_GPU; otherwise IGNORE" - every CUDA context uses UVM.
+WORKFLOWS[159] = "RESET_GPU"
 
 
 def test_every_entry_has_a_known_bucket_a_meaning_and_a_source() -> None:
@@ -52,7 +61,10 @@ def test_each_xid_has_the_catalogs_immediate_action() -> None:
     expected.update(WORKFLOWS)
     assert {xid: e.bucket for xid, e in _xids.XIDS.items()} == expected
     for xid in WORKFLOWS:
-        assert "WORKFLOW" in _xids.XIDS[xid].source, xid
+        assert "WORKFLOW" in _xids.XIDS[xid].source or "CHECK_UVM" in _xids.XIDS[xid].source, xid
+    # Where it differs from NVIDIA's NVSentinel over the same catalog, the entry says so.
+    for xid in (78, 159, *_xids.UNUSED):
+        assert "NVSentinel" in _xids.XIDS[xid].source, xid
 
 
 @pytest.mark.parametrize(("xid", "bucket"), [(43, "IGNORE"), (45, "IGNORE"), (63, "IGNORE"), (64, "RESET_GPU"), (109, "RESET_GPU")])
@@ -69,15 +81,19 @@ def test_the_device_plugins_application_xids_are_never_a_fault_of_the_gpu_but_10
         assert _xids.XIDS[xid].bucket in expected, xid
 
 
-def test_unused_and_actionless_xids_are_unknown() -> None:
-    for xid in (1, 9, 57, 61, 78, 151, 152, 159, 162, 172, 9999):
+def test_actionless_xids_are_unknown_and_unused_ones_contact_support() -> None:
+    for xid in (162, 168, 172, 9999):
         assert xid not in _xids.XIDS and _health.xid_bucket(xid) == "UNKNOWN", xid
+    for xid in (1, 9, 57, 61):
+        assert _health.xid_bucket(xid) == "CONTACT_SUPPORT" and _health.BUCKET_VERDICTS["CONTACT_SUPPORT"] == "drain", xid
+    # The software, not the GPU: no reset fixes it.
+    assert _health.BUCKET_VERDICTS[_health.xid_bucket(78)] == "fix_config"
 
 
 def test_the_guide_names_the_catalog_and_each_bucket_it_lists_is_the_tables() -> None:
     text = " ".join(GUIDE.read_text(encoding="utf-8").split())
     row = text.split("the immediate action (resolution bucket) of NVIDIA's Xid catalog", 1)[1].split("_xids.py", 1)[0]
-    assert "Xids 1 to 172" in row and "read 2026-12-02" in row and "read 2026-12-02" in _xids.CATALOG
+    assert "Xids 1 to 172" in row and "read 2026-12-02" in row and "read 2026-12-02" in _xids.CATALOG and "NVSentinel" in row
     listed = 0
     for buckets, numbers in re.findall(r"((?:``[A-Z_]+``(?: and | = ``[a-z_]+``|, )?)+)[^(]*\(([\d, .]+)\)", row):
         names = set(re.findall(r"``([A-Z_]+)``", buckets))
