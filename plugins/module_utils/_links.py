@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import typing as t
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _findings, _health
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _findings
 
 NVLINK_INACTIVE = "nvlink_inactive"
 NVLINK_ERRORS = "nvlink_errors"
@@ -78,12 +78,8 @@ _NVLINK_REMOTE = {0: "gpu", 1: "ibmnpu", 2: "switch"}
 
 
 def verdict(name: str) -> str:
-    """A finding's verdict from the findings table (:mod:`._findings`), on the health scale the verdict is judged on.
-
-    Until that scale has ``fix_config`` (issue 40 brings it, between ``restart_app`` and ``reset_gpu``), a configuration
-    fault is judged as the next verdict up, ``reset_gpu``: what fails a host by default keeps failing it."""
-    name_verdict = _findings.FINDINGS[name].verdict
-    return name_verdict if name_verdict in _health.VERDICTS else _health.RESET_GPU
+    """A finding's verdict: its row of the findings table (:mod:`._findings`)."""
+    return _findings.FINDINGS[name].verdict
 
 
 def finding(name: str, text: str, gpu: int | None = None, gpus: list[int] | None = None, verdict_as: str | None = None) -> dict[str, t.Any]:
