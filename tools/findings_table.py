@@ -16,7 +16,7 @@ def main() -> None:
     print("   * - Finding\n     - Verdict\n     - Where\n     - Fix")
     for name, f in _findings.FINDINGS.items():
         verdict = {_findings.NONE: "(not clean)", _findings.READING: "(the reading's)"}.get(f.verdict, f"``{f.verdict}``")
-        fix = textwrap.wrap(f.fix, 110)
+        fix = textwrap.wrap(f.fix, 110, break_on_hyphens=False)
         print(f"   * - ``{name}``\n     - {verdict}\n     - {f.where}\n     - {fix[0]}")
         for rest in fix[1:]:
             print(f"       {rest}")

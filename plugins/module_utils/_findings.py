@@ -196,8 +196,8 @@ FINDINGS: dict[str, Finding] = {
     "p2p_broken": Finding(
         FIX_CONFIG,
         CONFIG,
-        "Fix the peer path (ACS off on the PCIe switches, iommu=pt or off, the VM's passthrough), reset the GPUs if their NVLink findings"
-        " say so, and until then start the server with NCCL_P2P_DISABLE=1 (vLLM: --disable-custom-all-reduce).",
+        "Fix the peer path (ACS off on the PCIe switches, iommu=pt or off, the VM's passthrough; over NVLink, the GPUs' own NVLink findings"
+        " say what), and until then start the server with NCCL_P2P_DISABLE=1 (vLLM: --disable-custom-all-reduce).",
     ),
     # Slower than the pair's link allows, with no link finding of its own: the route (through the CPUs' root complex or
     # their interconnect, ACS redirection) is configuration; a degraded link says so in its own finding with its verdict.

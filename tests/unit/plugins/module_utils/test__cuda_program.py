@@ -88,3 +88,76 @@ def test_a_lifeline_held_open_changes_nothing_and_the_deadline_still_holds(monke
         os.close(read_end)
         os.close(write_end)
     assert left == [] and raw[3]["hung"] == "cuInit" and "abandoned" not in raw[3]
+
+
+# ---------------------------------------------------------------------- ready together (issue 39)
+def test_each_gpus_pattern_differs_from_every_others_at_every_offset() -> None:
+    size = 3 * 4096 + 100
+    patterns = [_cuda_program.pattern(g, size) for g in range(8)]
+    assert all(len(p) == size for p in patterns)
+    for a in range(8):
+        for b in range(a + 1, 8):
+            assert all(x != y for x, y in zip(patterns[a][:4096], patterns[b][:4096]))
+
+
+def test_what_the_peer_check_found_of_a_pair() -> None:
+    good = {"can": [True, True], "enable": [0, 704], "copies": [{"code": None, "match": True}, {"code": None, "match": True}]}
+    assert _cuda_program.pair_works(good) is True
+    assert _cuda_program.pair_works({**good, "can": [True, False]}) is False
+    assert _cuda_program.pair_works({**good, "can": [True, "CUresult 999"]}) is False  # an error is not a yes (1 == True in Python)
+    assert _cuda_program.pair_works({**good, "enable": [0, 217]}) is False
+    assert _cuda_program.pair_works({**good, "copies": [{"code": None, "match": False}, {"code": None, "match": True}]}) is False
+    assert _cuda_program.pair_works({**good, "copies": [{"code": 700, "match": None}]}) is None  # not both ways checked
+    assert _cuda_program.pair_works({"can": [None, None]}) is None
+
+
+def write_cache(home: Path, name: str, entries: object) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / f"gpu_p2p_access_cache_for_{name}.json"
+    path.write_text(json.dumps(entries))
+    return path
+
+
+def test_vllms_cached_answers_are_read_never_through_a_link_and_judged_stale_against_the_check(tmp_path) -> None:
+    root = tmp_path
+    vllm = root / "home" / "ops" / ".cache" / "vllm"
+    mine = write_cache(vllm, "0,1,2,3", {f"{a}->{b}": True for a in range(4) for b in range(4)})
+    write_cache(root / "root" / ".cache" / "vllm", "GPU-bb,GPU-aa", {"0->1": True, "1->0": False})
+    (vllm / "gpu_p2p_access_cache_for_9.json").write_text("{not json")
+    # A user's cache directory that is a link elsewhere is not followed.
+    elsewhere = tmp_path / "elsewhere"
+    write_cache(elsewhere, "0,1", {"0->1": True})
+    (root / "home" / "eve" / ".cache").mkdir(parents=True)
+    os.symlink(elsewhere, root / "home" / "eve" / ".cache" / "vllm")
+    caches = _cuda_program.p2p_caches(str(root), _cuda_program.P2P_CACHE_DIRS)
+    assert [c["path"] for c in caches] == [
+        "/root/.cache/vllm/gpu_p2p_access_cache_for_GPU-bb,GPU-aa.json",
+        "/home/ops/.cache/vllm/gpu_p2p_access_cache_for_0,1,2,3.json",
+        "/home/ops/.cache/vllm/gpu_p2p_access_cache_for_9.json",
+    ]
+    assert caches[1]["devices"] == ["0", "1", "2", "3"] and caches[1]["entries"]["2->3"] is True and "error" in caches[2]
+    works = {"0-1": True, "2-3": False, "0-2": None}
+    # CUDA ordinals are the GPUs' here, in order; UUIDs map by name.
+    assert _cuda_program.stale_pairs(caches[1], [0, 1, 2, 3], {}, works) == [[2, 3]]
+    assert _cuda_program.stale_pairs(caches[1], [4, 5, 6, 7], {}, works) == []  # a container's ordinals: its own GPUs
+    assert _cuda_program.stale_pairs(caches[0], [], {"gpu-aa": 3, "gpu-bb": 2}, works) == [[2, 3]]  # 0 -> 1 is GPU-bb -> GPU-aa
+    # Removed only while it is the file that was read.
+    item = dict(caches[1])
+    mine.unlink()
+    write_cache(vllm, "0,1,2,3", {})
+    assert _cuda_program.remove_cache(str(root), item) == "it changed since it was read"
+    fresh = _cuda_program.p2p_caches(str(root), ["/home/ops/.cache/vllm"])[0]
+    assert _cuda_program.remove_cache(str(root), fresh) is None and not mine.exists()
+
+
+def test_next_start_reads_the_room_and_removes_a_stale_answer_when_asked(tmp_path) -> None:
+    stale = write_cache(tmp_path / "root" / ".cache" / "vllm", "0,1", {"0->1": True, "1->0": True})
+    raw = {"pairs": [{"gpus": [1, 0], "can": [True, True], "enable": [0, 0], "copies": [{"code": None, "match": False}, {"code": None, "match": True}]}]}
+    asked = {"dirs": ["/root/.cache/vllm"], "remove": False, "ordinals": [0, 1], "uuids": {}}
+    out = _cuda_program.next_start(str(tmp_path), raw, {"shm": str(tmp_path), "peers_cache": asked})
+    assert out["shm"]["path"] == str(tmp_path) and out["shm"]["free_mib"] <= out["shm"]["size_mib"]
+    [item] = out["p2p_caches"]
+    assert (item["stale"], item["removed"]) == ([[0, 1]], False) and stale.exists()
+    out = _cuda_program.next_start(str(tmp_path), raw, {"shm": None, "peers_cache": {**asked, "remove": True}})
+    assert out["shm"] is None and out["p2p_caches"][0]["removed"] is True and not stale.exists()
+    assert _cuda_program.shm_room(str(tmp_path / "absent"))["error"]

@@ -291,7 +291,19 @@ def test_options_are_checked_before_the_gpus_are_touched(tmp_path) -> None:
         ("containers", [103, 104]),
         ("containers", [99]),
         ("pct_path", str(tmp_path)),
+        # Ready together (issue 39): sizes and thresholds.
+        ("peers_copy_mib", 0),
+        ("peers_copy_mib", 4096),
+        ("peers_min_bandwidth", -0.1),
+        ("peers_min_bandwidth", 1.5),
+        ("peers_min_bandwidth", float("nan")),
+        ("nvlink_error_threshold", -1),
+        ("shm_min_mib", -5),
+        ("peers_cache", "delete"),
+        ("peers_cache_dirs", ["relative/vllm"]),
+        ("peers_cache_dirs", ["/home/../etc"]),
     )
+    assert _verify.validate({**params, "peers_copy_mib": 1024, "peers_min_bandwidth": 0, "peers_cache_dirs": ["/srv/*/vllm"]}) == [0, "/dev/nvidia3"]
     for option, value in bad:
         with pytest.raises(CleanSlateError) as err:
             _verify.validate({**params, option: value})
