@@ -90,7 +90,7 @@ CTL_MINOR = 255
 
 def char_majors() -> "dict[int, str]":
     """The character devices' majors and the drivers /proc/devices names for them ({} when it cannot be read)."""
-    out = {}
+    out = {}  # type: dict[int, str]
     try:
         with open("/proc/devices", encoding="utf-8") as fh:
             block = False
@@ -396,7 +396,7 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
             ("cuEventCreate", cuda.cuEventCreate, (ctypes.byref(events[1]), 0)),
         )
         for name, fn, args in steps:
-            code = call("{} {}".format(name, gpu), fn, *args)
+            code = call(f"{name} {gpu}", fn, *args)
             if code:
                 mine.update(code=code, step=name)
                 break
@@ -437,7 +437,7 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
         # The pattern of a's buffer into b's, ``reps`` times between two events, then b's buffer read back and compared.
         sa, sb = state[a], state[b]
         out = {"from": a, "to": b, "code": None, "call": None, "gbps": None, "match": None}  # type: dict[str, t.Any]
-        label = "{}->{}".format(a, b)
+        label = f"{a}->{b}"
         steps = [("cuCtxSetCurrent", cuda.cuCtxSetCurrent, (sa["ctx"],)), ("cuEventRecord", cuda.cuEventRecord, (sa["events"][0], None))]
         steps += [("cuMemcpyPeer", cuda.cuMemcpyPeer, (sb["dst"], sb["ctx"], sa["src"], sa["ctx"], ctypes.c_size_t(size)))] * reps
         steps += [
@@ -448,7 +448,7 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
             ("cuMemcpyDtoH_v2", cuda.cuMemcpyDtoH_v2, (host, sb["dst"], ctypes.c_size_t(size))),
         ]
         for name, fn, args in steps:
-            code = call("{} {}".format(name, label), fn, *args)
+            code = call(f"{name} {label}", fn, *args)
             if code:
                 out.update(code=code, call=name)
                 return out
@@ -461,12 +461,12 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
         for b in ready[x + 1 :]:
             pair = {"gpus": [a, b], "can": [None, None], "enable": [None, None], "copies": []}  # type: dict[str, t.Any]
             for k, (p, q) in enumerate(((a, b), (b, a))):
-                code = call("cuDeviceCanAccessPeer {}->{}".format(p, q), cuda.cuDeviceCanAccessPeer, ctypes.byref(can), state[p]["retained"], state[q]["retained"])
-                pair["can"][k] = bool(can.value) if code == 0 else "CUresult {}".format(code)
+                code = call(f"cuDeviceCanAccessPeer {p}->{q}", cuda.cuDeviceCanAccessPeer, ctypes.byref(can), state[p]["retained"], state[q]["retained"])
+                pair["can"][k] = bool(can.value) if code == 0 else f"CUresult {code}"
             if pair["can"] == [True, True]:
                 for k, (p, q) in enumerate(((a, b), (b, a))):
-                    call("cuCtxSetCurrent {}".format(p), cuda.cuCtxSetCurrent, state[p]["ctx"])
-                    pair["enable"][k] = call("cuCtxEnablePeerAccess {}->{}".format(p, q), cuda.cuCtxEnablePeerAccess, state[q]["ctx"], 0)
+                    call(f"cuCtxSetCurrent {p}", cuda.cuCtxSetCurrent, state[p]["ctx"])
+                    pair["enable"][k] = call(f"cuCtxEnablePeerAccess {p}->{q}", cuda.cuCtxEnablePeerAccess, state[q]["ctx"], 0)
                 if all(code in (0, 704) for code in pair["enable"]):  # 704: CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
                     pair["copies"] = [copy(a, b), copy(b, a)]
             say("P " + json.dumps(pair))
@@ -474,7 +474,7 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
 
     def finish(gpu: int) -> None:
         if "retained" in state[gpu]:
-            call("cuDevicePrimaryCtxRelease {}".format(gpu), release, state[gpu]["retained"])
+            call(f"cuDevicePrimaryCtxRelease {gpu}", release, state[gpu]["retained"])
 
     began = time.monotonic()
     each(finish, [(gpu,) for gpu in state])
@@ -483,7 +483,9 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
     say("R " + json.dumps(res))
 
 
-def together_helper(out_fd: int, in_fd: int, parent: int, gpus: "t.Sequence[t.Sequence[t.Any]]", size: int, reps: int) -> None:  # pragma: no cover - runs in the helper
+def together_helper(
+    out_fd: int, in_fd: int, parent: int, gpus: "t.Sequence[t.Sequence[t.Any]]", size: int, reps: int
+) -> None:  # pragma: no cover - runs in the helper
     """The peer helper's life: die with the parent, keep nothing of it open, every GPU of the check visible."""
     if not detach(parent):
         return
@@ -658,7 +660,7 @@ def probe_all(
             os.close(r.gate)
     killed = [r for r in running if r.gpu == "peers" and r.result is not None and ("hung" in r.result or "abandoned" in r.result)]
     left = _reap([r.pid for r in running], REAP_WAIT_S + (TEARDOWN_PER_CONTEXT_S * len(peers["gpus"]) if killed and peers else 0.0))
-    out = {}
+    out = {}  # type: dict[int, dict[str, t.Any]]
     together_raw = None
     for r in running:
         result = dict(r.result or {})
@@ -668,7 +670,7 @@ def probe_all(
             result["pairs"] = r.pairs
             together_raw = result
         else:
-            out[r.gpu] = result
+            out[int(r.gpu)] = result
     return out, together_raw, left
 
 
@@ -732,9 +734,9 @@ def _cache_dirs(root: str, patterns: "t.Sequence[str]") -> "list[list[str]]":
                         names = sorted(os.listdir(os.path.join(root, *parts)))
                     except OSError:
                         names = []
-                    grown += [parts + [n] for n in names if fnmatch.fnmatchcase(n, part)]
+                    grown += [[*parts, n] for n in names if fnmatch.fnmatchcase(n, part)]
                 else:
-                    grown.append(parts + [part])
+                    grown.append([*parts, part])
             partial = [parts for parts in grown if _no_link_below(root, parts)]
         found += [parts for parts in partial if parts and parts not in found]
     return found
@@ -755,7 +757,7 @@ def p2p_caches(root: str = "/", dirs: "t.Sequence[str]" = P2P_CACHE_DIRS) -> "li
             if not m:
                 continue
             path = os.path.join(where, name)
-            item = {"path": "/" + "/".join(parts + [name]), "devices": m.group(1).split(","), "entries": {}}  # type: dict[str, t.Any]
+            item = {"path": "/" + "/".join([*parts, name]), "devices": m.group(1).split(","), "entries": {}}  # type: dict[str, t.Any]
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError as exc:
@@ -837,7 +839,7 @@ def next_start(root: str, raw_peers: "dict[str, t.Any] | None", request: "dict[s
         works = {}
         for pair in (raw_peers or {}).get("pairs") or []:
             a, b = sorted(pair["gpus"])
-            works["{}-{}".format(a, b)] = pair_works(pair)
+            works[f"{a}-{b}"] = pair_works(pair)
         caches = p2p_caches(root, asked.get("dirs") or P2P_CACHE_DIRS)
         for item in caches:
             item["stale"] = stale_pairs(item, asked["ordinals"], asked["uuids"], works)

@@ -211,7 +211,9 @@ FINDINGS: dict[str, Finding] = {
     # not green; what hangs a process holding several GPUs is the driver's, which a reset (or a reboot) clears.
     "peers_unproven": Finding(RESET_GPU, GPU, "Check dmesg for Xid errors; reset the GPUs of the check (see the reset plan) or reboot, then run again."),
     "nvlink_inactive": Finding(
-        RESET_GPU, GPU, "Reset the GPUs of the NVLink fabric together (see the reset plan) to retrain the links; a link that stays down needs field service (drain)."
+        RESET_GPU,
+        GPU,
+        "Reset the GPUs of the NVLink fabric together (see the reset plan) to retrain the links; a link that stays down needs field service (drain).",
     ),
     # The counters count since the driver loaded or the GPU was reset, and a reset clears them: over the threshold, reset;
     # counting up again after it, the link itself is bad (field service).
@@ -219,20 +221,28 @@ FINDINGS: dict[str, Finding] = {
         RESET_GPU, GPU, "Reset the GPUs (the counters start again from 0, the links retrain); if they count up again, drain the node for NVLink service."
     ),
     # A narrower link than the GPU and its slot allow is physical (the card's seating, a riser or cable, the slot): service.
-    "pcie_width_degraded": Finding(DRAIN, SERVICE, "Drain the node and reseat the GPU (check its riser or cable and slot); a link that trains narrow again needs service."),
+    "pcie_width_degraded": Finding(
+        DRAIN, SERVICE, "Drain the node and reseat the GPU (check its riser or cable and slot); a link that trains narrow again needs service."
+    ),
     # A lower generation under load: a reboot retrains the link (and a BIOS may cap it); one that trains low again is physical.
     "pcie_gen_degraded": Finding(
         REBOOT, NODE, "Reboot to retrain the link and check the slot's generation in the BIOS; if it trains low again, reseat the GPU (service)."
     ),
     "clocks_slowdown": Finding(
-        DRAIN, SERVICE, "Check the GPU's cooling (fans, airflow, inlet temperature) and power (the power brake comes from the power supply); drain until it clears."
+        DRAIN,
+        SERVICE,
+        "Check the GPU's cooling (fans, airflow, inlet temperature) and power (the power brake comes from the power supply); drain until it clears.",
     ),
     "temperature_high": Finding(OK, NOTHING, "Check the cooling before the next job: the GPU is near its thermal limit already and will slow down under load."),
     "shm_low": Finding(
-        FIX_CONFIG, CONFIG, "Give /dev/shm room (a larger tmpfs; for a container its shm size) or remove what fills it (the residue phase), then start the server."
+        FIX_CONFIG,
+        CONFIG,
+        "Give /dev/shm room (a larger tmpfs; for a container its shm size) or remove what fills it (the residue phase), then start the server.",
     ),
     "p2p_cache_stale": Finding(
-        RESTART_APP, APP, "Remove the file (the role does with residue removal on: peers_cache: remove): vLLM tests again and stops trusting a broken peer path."
+        RESTART_APP,
+        APP,
+        "Remove the file (the role does with residue removal on: peers_cache: remove): vLLM tests again and stops trusting a broken peer path.",
     ),
 }
 

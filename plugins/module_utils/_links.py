@@ -293,10 +293,9 @@ def pair_link(a: dict[str, t.Any] | None, b: dict[str, t.Any] | None, index_b: i
     na, nb = a.get("nvlink"), b.get("nvlink")
     if on_nvlink and na and nb:
         per_link = NVLINK_LINK_GBPS.get(na.get("version") or 0, 25.0)
-        if na.get("remote") == "switch" and nb.get("remote") == "switch":
-            links = min(na["links"], nb["links"])  # through the NVSwitches, every link of both
-        else:
-            links = 1  # a direct bridge: which of the links reach this peer is not read; one is the least it has
+        # Through the NVSwitches every link of both GPUs carries the pair's traffic; over a direct bridge which of the links
+        # reach this peer is not read, and one is the least it has.
+        links = min(na["links"], nb["links"]) if na.get("remote") == "switch" and nb.get("remote") == "switch" else 1
         return "nvlink", round(per_link * links, 1)
     rates = []
     for r in (a, b):

@@ -247,7 +247,8 @@ class Check:
             findings.append(
                 _links.finding(
                     PEERS_UNPROVEN,
-                    f"{len(unchecked)} pair(s) of GPUs {', '.join(map(str, names))} were not checked although each GPU started: {unchecked[0]['detail'][len('not checked: '):]}",
+                    f"{len(unchecked)} pair(s) of GPUs {', '.join(map(str, names))} were not checked although each GPU started:"
+                    f" {unchecked[0]['detail'].removeprefix('not checked: ')}",
                     gpus=names,
                 )
             )

@@ -509,7 +509,9 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     _checks.number("shm_min_mib", params.get("shm_min_mib", 1024), 0, 1 << 30, unit="MiB")
     if params.get("peers_cache", "report") not in _peers.P2P_CACHE_CHOICES:
         raise CleanSlateError(
-            f"peers_cache must be one of {', '.join(_peers.P2P_CACHE_CHOICES)}, got {params['peers_cache']!r}.", reason=_reasons.BAD_ARGUMENTS, option="peers_cache"
+            f"peers_cache must be one of {', '.join(_peers.P2P_CACHE_CHOICES)}, got {params['peers_cache']!r}.",
+            reason=_reasons.BAD_ARGUMENTS,
+            option="peers_cache",
         )
     for path in params.get("peers_cache_dirs") or []:
         if not str(path).startswith("/") or ".." in str(path).split("/") or "\0" in str(path):

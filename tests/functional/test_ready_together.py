@@ -93,7 +93,10 @@ def test_a_healthy_node_is_ready_together_its_readings_are_nvidia_smis_and_check
     for pair in peers["pairs"]:
         assert pair["status"] == "ok" and pair["can_access"] == [True, True] and pair["enabled"] == [True, True], pair
         assert pair["link"] == "nvlink" and pair["link_gbps"] == 450.0  # 18 NVLink 4 links at 25 GB/s each way
-        assert [(c["from"], c["to"], c["match"]) for c in pair["copies"]] == [(pair["gpus"][0], pair["gpus"][1], True), (pair["gpus"][1], pair["gpus"][0], True)]
+        assert [(c["from"], c["to"], c["match"]) for c in pair["copies"]] == [
+            (pair["gpus"][0], pair["gpus"][1], True),
+            (pair["gpus"][1], pair["gpus"][0], True),
+        ]
         assert all(300 < c["gbps"] <= 450 for c in pair["copies"]), pair  # the simulated copy engines' 80 % of the links' rate
     # The whole matrix: well under a second (the starts around it are measured in docs/benchmarks.md).
     assert peers["matrix_s"] < 1.0 and peers["copy_mib"] == 8 and peers["reps"] == 2

@@ -309,10 +309,7 @@ class Description:
                 *(f"{p}{k}={v}" for k, v in g.links().items()),
                 f"{p}nvlink_remote={g.nvlink_remote}",
                 f"{p}nvlink_down={','.join(str(i) for i in sorted(g.nvlink_down))}",
-                *(
-                    f"{p}nvlink_{c}={','.join(f'{link}:{n}' for link, n in sorted(g.nvlink_errors.get(c, {}).items()))}"
-                    for c in NVLINK_COUNTERS
-                ),
+                *(f"{p}nvlink_{c}={','.join(f'{link}:{n}' for link, n in sorted(g.nvlink_errors.get(c, {}).items()))}" for c in NVLINK_COUNTERS),
                 f"{p}pcie_width_max={g.pcie_width_max}",
                 f"{p}clocks_event_reasons=0x{g.clocks_event_reasons:X}",
                 f"{p}temperature={g.temperature}",

@@ -689,7 +689,9 @@ class Node:
             else:
                 raise TypeError(f"unknown fault {key!r}")
         pairs = [g for pair in (*f.p2p_unsupported, *f.p2p_corrupt, *f.p2p_hang, *f.p2p_gbps) for g in pair]
-        for gpu in pairs + list(f.lost) + list(f.orphan) + list(f.hidden) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.hang_gpus) + list(f.phantom_pids):
+        for gpu in (
+            pairs + list(f.lost) + list(f.orphan) + list(f.hidden) + list(f.recovery_action) + list(f.timeout_gpus) + list(f.hang_gpus) + list(f.phantom_pids)
+        ):
             if not 0 <= gpu < len(self.desc.gpus):
                 raise ValueError(f"no GPU {gpu} on this node")
         self.desc.write(self.state_dir)

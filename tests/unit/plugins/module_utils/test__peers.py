@@ -107,8 +107,12 @@ def test_broken_pairs_are_red_and_named_by_their_two_gpus() -> None:
     assert "CUDA error 700 (CUDA_ERROR_ILLEGAL_ADDRESS) in cuEventSynchronize" in by[(0, 3)]["detail"]
     assert by[(1, 2)]["status"] == "ok" and by[(1, 2)]["enabled"] == [True, True]
     assert by[(2, 3)]["status"] == "p2p_unsupported" and "CUresult 999" in by[(2, 3)]["detail"]
-    assert names(tg) == [("p2p_broken", "fix_config", [0, 1]), ("p2p_broken", "fix_config", [0, 2]), ("p2p_broken", "fix_config", [0, 3]),
-                         ("p2p_unsupported", "ok", [2, 3])]
+    assert names(tg) == [
+        ("p2p_broken", "fix_config", [0, 1]),
+        ("p2p_broken", "fix_config", [0, 2]),
+        ("p2p_broken", "fix_config", [0, 3]),
+        ("p2p_unsupported", "ok", [2, 3]),
+    ]
     assert "GPUs 0 and 1" in _peers.message(tg) and "NCCL_P2P_DISABLE=1" in _peers.message(tg)
 
 
