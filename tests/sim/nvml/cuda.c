@@ -1040,9 +1040,11 @@ CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
     if (Flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&cu_mutex);
-    if (!valid_ctx(current) || !valid_ctx(peerContext) || peerContext == current)
+    if (!valid_ctx(current) || !valid_ctx(peerContext))
         return leave(CUDA_ERROR_INVALID_CONTEXT);
-    if (pair_in("p2p.unsupported", gpu_index(current->device), gpu_index(peerContext->device)))
+    /* A GPU is not its own peer: cuDeviceCanAccessPeer says 0 and enabling says 217, as an H100 answered
+     * (docs/results/round4-facts-h100x1-2026-12-05.json, peer_one_gpu). */
+    if (peerContext == current || pair_in("p2p.unsupported", gpu_index(current->device), gpu_index(peerContext->device)))
         return leave(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
     if (cu.peer[current->device][peerContext->device])
         return leave(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);

@@ -300,7 +300,9 @@ nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, 
     h = &sim_cfg.gpus[device2->index];
     if (h->lost)
         return sim_leave(NVML_ERROR_GPU_IS_LOST);
-    if (sim_pair_listed(sim_cfg.p2p_unsupported, device1->index, device2->index))
+    if (device1->index == device2->index)
+        *p2pStatus = NVML_P2P_STATUS_NOT_SUPPORTED; /* a GPU with itself, as an H100 answered for every index */
+    else if (sim_pair_listed(sim_cfg.p2p_unsupported, device1->index, device2->index))
         *p2pStatus = NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED;
     else if (p2pIndex == NVML_P2P_CAPS_INDEX_NVLINK)
         *p2pStatus = nvlink_fabric(g) && nvlink_fabric(h) ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;

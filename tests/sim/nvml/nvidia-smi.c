@@ -640,6 +640,13 @@ static int nvlink_report(int errors)
             lost_message(g);
             continue;
         }
+        {
+            /* A GPU without NVLink in use (a PCIe card, an SXM module alone in a VM) is not listed at all, header
+             * included: an H100 passed through alone printed nothing (docs/results/round4-facts-h100x1-2026-12-05.json). */
+            nvmlEnableState_t first;
+            if (p_nvmlDeviceGetNvLinkState(g->dev, 0, &first) != NVML_SUCCESS)
+                continue;
+        }
         printf("GPU %u: %s (UUID: %s)\n", g->index, g->name, g->uuid);
         for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; link++) {
             nvmlEnableState_t active;
