@@ -95,9 +95,11 @@ def probe_all(
     timeout: float,
     peers: dict[str, t.Any] | None = None,
     on_step: t.Callable[[int, str], None] | None = None,
+    early: _cuda_program.Helpers | None = None,
 ) -> tuple[dict[int, dict[str, t.Any]], dict[str, t.Any] | None, list[int]]:
-    """:func:`probe`, and with ``peers`` the peer check of those GPUs beside it (:func:`._cuda_program.probe_all`)."""
-    return _cuda_program.probe_all(targets, fraction, timeout, peers, on_step=on_step)
+    """:func:`probe`, and with ``peers`` the peer check of those GPUs beside it, by the helpers forked ``early`` where they
+    cover it (:func:`._cuda_program.probe_all`)."""
+    return _cuda_program.probe_all(targets, fraction, timeout, peers, on_step=on_step, early=early)
 
 
 # ---------------------------------------------------------------------- judging an answer

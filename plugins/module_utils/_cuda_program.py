@@ -221,8 +221,22 @@ def device_nodes(device_dir: str, gpus: "t.Sequence[t.Sequence[t.Any]]", nvml_co
 
 
 # ---------------------------------------------------------------------- the helper
-def start(out_fd: int, uuid: str, fraction: float, context_only: bool) -> None:  # pragma: no cover - runs in the helper
-    """The start, in the forked helper: each call announced (``S <name>``) before it is made, the answer last (``R <json>``)."""
+def read_go(fd: int) -> "dict[str, t.Any] | None":  # pragma: no cover - runs in the helpers
+    """The parent's word on the helper's pipe: one line of JSON; None at end-of-file (the helper is not needed)."""
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        got += chunk
+    return t.cast("dict[str, t.Any]", json.loads(got.decode("utf-8")))
+
+
+def start(out_fd: int, uuid: str, fraction: float, context_only: bool, go_fd: "int | None" = None) -> None:  # pragma: no cover - runs in the helper
+    """The start, in the forked helper: each call announced (``S <name>``) before it is made, the answer last (``R <json>``).
+
+    With ``go_fd`` the helper was started early (:class:`Helpers`): after ``cuInit`` and the device's identity it says
+    ``S ready`` and waits for its word there (``fraction``, ``context_only``), or ends at end-of-file."""
 
     def say(line: str) -> None:
         data = (line + "\n").encode()
@@ -260,6 +274,12 @@ def start(out_fd: int, uuid: str, fraction: float, context_only: bool) -> None: 
     ok = ok and call("cuDeviceGet", cuda.cuDeviceGet, ctypes.byref(dev), 0)
     if ok and hasattr(cuda, "cuDeviceGetUuid_v2") and call("cuDeviceGetUuid_v2", cuda.cuDeviceGetUuid_v2, raw, dev):
         res["uuid"] = "GPU-" + "-".join(bytes(raw).hex()[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))
+    if go_fd is not None:
+        say("S ready")
+        word = read_go(go_fd)
+        if word is None:
+            return  # not needed: the GPU is not to be started after all
+        fraction, context_only = float(word["fraction"]), bool(word["context_only"])
     ok = ok and call("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain, ctypes.byref(ctx), dev)
     retained = ok
     ok = ok and call("cuCtxSetCurrent", cuda.cuCtxSetCurrent, ctx)
@@ -303,14 +323,14 @@ def detach(parent: int) -> bool:  # pragma: no cover - runs in a forked helper
     return True
 
 
-def helper(out_fd: int, parent: int, uuid: str, fraction: float, context_only: bool) -> None:  # pragma: no cover - runs in the helper
+def helper(out_fd: int, parent: int, uuid: str, fraction: float, context_only: bool, go_fd: "int | None" = None) -> None:  # pragma: no cover - runs in the helper
     """The forked helper's life: die with the parent, keep nothing of it open, then the start on ``uuid`` alone."""
     if not detach(parent):
         return
     # Nothing of the parent's (its NVML helper's pipes, Ansible's files, the caller's pipe) stays open in the helper.
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and fd != out_fd:
+        if fd > 2 and fd not in (out_fd, go_fd):
             try:
                 os.close(fd)
             except OSError:
@@ -319,7 +339,7 @@ def helper(out_fd: int, parent: int, uuid: str, fraction: float, context_only: b
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     for name in BAD_ENV:
         os.environ.pop(name, None)
-    start(out_fd, uuid, fraction, context_only)
+    start(out_fd, uuid, fraction, context_only, go_fd)
 
 
 def pattern(gpu: int, size: int) -> bytes:
@@ -330,10 +350,11 @@ def pattern(gpu: int, size: int) -> bytes:
     return block * (size // 4096) + block[: size % 4096]
 
 
-def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", size: int, reps: int) -> None:  # pragma: no cover - runs in the helper
-    """Peer readiness, in the forked helper: a context and two buffers on each of ``gpus`` (``[index, uuid]``), then, once
-    the parent writes ``go``, every pair both ways; each call announced (``S``), each pair's answer as it comes (``P``),
-    the whole answer last (``R``)."""
+def together(out_fd: int, in_fd: int) -> None:  # pragma: no cover - runs in the helper
+    """Peer readiness, in the forked helper: after ``cuInit`` and the devices' identities it says ``S ready`` and waits for
+    its word on ``in_fd`` (``gpus``: ``[index, uuid]`` of those to check, ``size``, ``reps``); then a context and two buffers
+    on each of them, and once the parent writes ``go`` (``S wait``), every pair both ways; each call announced (``S``),
+    each pair's answer as it comes (``P``), the whole answer last (``R``). End-of-file on ``in_fd`` ends it."""
     import threading  # pylint: disable=import-outside-toplevel
 
     lock = threading.Lock()
@@ -373,6 +394,11 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
         if call("cuDeviceGet", cuda.cuDeviceGet, ctypes.byref(dev), o) == 0 and call("cuDeviceGetUuid_v2", cuda.cuDeviceGetUuid_v2, raw, dev) == 0:
             uuid = "GPU-" + "-".join(bytes(raw).hex()[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))
             ordinal[uuid.lower()] = dev.value
+    say("S ready")
+    word = read_go(in_fd)
+    if word is None:
+        return  # no peer check after all
+    gpus, size, reps = word["gpus"], int(word["size"]), int(word["reps"])
     elapsed = getattr(cuda, "cuEventElapsedTime_v2", None) or cuda.cuEventElapsedTime
     release = getattr(cuda, "cuDevicePrimaryCtxRelease_v2", None) or cuda.cuDevicePrimaryCtxRelease
     state = {}  # type: dict[int, dict[str, t.Any]]
@@ -418,12 +444,8 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
     for gpu, mine in state.items():
         res["gpus"][str(gpu)] = {k: mine[k] for k in ("ok", "code", "step", "why") if k in mine}
     say("S wait")
-    got = b""
-    while not got.endswith(b"\n"):
-        chunk = os.read(in_fd, 64)
-        if not chunk:
-            return  # the caller is gone: nothing to answer
-        got += chunk
+    if read_go(in_fd) is None:
+        return  # the caller is gone: nothing to answer
     began = time.monotonic()
     host = ctypes.create_string_buffer(size)
     libc = ctypes.CDLL(None)
@@ -483,10 +505,8 @@ def together(out_fd: int, in_fd: int, gpus: "t.Sequence[t.Sequence[t.Any]]", siz
     say("R " + json.dumps(res))
 
 
-def together_helper(
-    out_fd: int, in_fd: int, parent: int, gpus: "t.Sequence[t.Sequence[t.Any]]", size: int, reps: int
-) -> None:  # pragma: no cover - runs in the helper
-    """The peer helper's life: die with the parent, keep nothing of it open, every GPU of the check visible."""
+def together_helper(out_fd: int, in_fd: int, parent: int, gpus: "t.Sequence[t.Sequence[t.Any]]") -> None:  # pragma: no cover - runs in the helper
+    """The peer helper's life: die with the parent, keep nothing of it open, every GPU it may check (``gpus``) visible."""
     if not detach(parent):
         return
     for name in os.listdir("/proc/self/fd"):
@@ -500,21 +520,31 @@ def together_helper(
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     for name in BAD_ENV:
         os.environ.pop(name, None)
-    together(out_fd, in_fd, gpus, size, reps)
+    together(out_fd, in_fd)
 
 
 # ---------------------------------------------------------------------- the parent's side
 class _Running:
-    def __init__(self, gpu: "int | str", pid: int, fd: int, now: float, gate: "int | None" = None) -> None:
+    def __init__(self, gpu: "int | str", pid: int, fd: int, go: int) -> None:
         self.gpu = gpu
         self.pid = pid
         self.fd = fd
-        self.began = now
+        self.began = 0.0  # when it was told what to do (its deadline runs from then)
         self.step = "fork"
         self.buffer = b""
         self.result = None  # type: dict[str, t.Any] | None
-        self.gate = gate  # the peer helper's "go" pipe (its write end), None once written or for a start
+        self.go = go  # the helper's pipe (its write end): its word, and the peer helper's "go"; -1 once closed
+        self.gated = False  # the peer helper's "go" was written
         self.pairs = []  # type: list[dict[str, t.Any]]
+        self.uuid = ""  # a start helper's GPU
+
+    def tell(self, word: "dict[str, t.Any]") -> None:
+        os.write(self.go, (json.dumps(word) + "\n").encode())
+
+    def dismiss(self) -> None:
+        if self.go >= 0:
+            os.close(self.go)
+            self.go = -1
 
 
 #: The steps of a start after its memset has completed: the peer copies may run beside them.
@@ -546,6 +576,182 @@ def _kill(pid: int) -> None:
         pass
 
 
+class Helpers:
+    """The CUDA starts' helpers, and the peer check's, forked before what they are to do is known.
+
+    A CUDA start spends its first tenth of a second or more in ``cuInit`` and the device's identity (0.10-0.22 s on an
+    H200), before it touches the GPU's memory. So the helpers can be forked while the processes that held the GPUs are
+    still being ended (the kill and the residue phases of clean_slate_node): they make those calls, say ``S ready`` and
+    wait, holding no context and no memory; :meth:`run` then tells each what to do (or to end: a GPU not read clean),
+    and each deadline runs from then. Forked where they are needed at once (:func:`probe_all`), they are told at once.
+
+    ``starts`` are ``[gpu, uuid]`` of the GPUs that may be started; ``peers`` those the peer check may cover (two or more,
+    every one visible to its helper), or None.
+    """
+
+    def __init__(self, starts: "t.Sequence[t.Sequence[t.Any]]", peers: "t.Sequence[t.Sequence[t.Any]] | None" = None) -> None:
+        self.running = []  # type: list[_Running]
+        self.peer_gpus = [list(g) for g in peers] if peers and len(peers) >= 2 else []
+        parent = os.getpid()
+        for gpu, uuid in starts:
+            read_fd, write_fd = os.pipe()
+            go_read, go_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the helper
+                try:
+                    os.close(read_fd)
+                    os.close(go_write)
+                    helper(write_fd, parent, uuid, 0.0, False, go_read)
+                finally:
+                    os._exit(0)
+            os.close(write_fd)
+            os.close(go_read)
+            self.running.append(_Running(int(gpu), pid, read_fd, go_write))
+            self.running[-1].uuid = str(uuid)
+        if self.peer_gpus:
+            read_fd, write_fd = os.pipe()
+            go_read, go_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the helper
+                try:
+                    os.close(read_fd)
+                    os.close(go_write)
+                    together_helper(write_fd, go_read, parent, self.peer_gpus)
+                finally:
+                    os._exit(0)
+            os.close(write_fd)
+            os.close(go_read)
+            self.running.append(_Running("peers", pid, read_fd, go_write))
+        self.done = False
+
+    @property
+    def pids(self) -> "list[int]":
+        """The helpers' pids."""
+        return [r.pid for r in self.running]
+
+    def covers(self, targets: "t.Sequence[t.Sequence[t.Any]]", peers: "dict[str, t.Any] | None") -> bool:
+        """Whether these helpers can do what is asked: not run yet, a start helper for every target (by UUID) and, for a
+        peer check, its GPUs among the peer helper's."""
+        if self.done:
+            return False
+        have = {(int(r.gpu), r.uuid) for r in self.running if r.gpu != "peers"}
+        if not {(int(gpu), str(uuid)) for gpu, uuid, _c in targets} <= have:
+            return False
+        if peers and len(peers["gpus"]) >= 2:
+            return {(int(g), str(u)) for g, u in peers["gpus"]} <= {(int(g), str(u)) for g, u in self.peer_gpus}
+        return True
+
+    def run(
+        self,
+        targets: "t.Sequence[t.Sequence[t.Any]]",
+        fraction: float,
+        timeout: float,
+        peers: "dict[str, t.Any] | None" = None,
+        clock: "t.Callable[[], float]" = time.monotonic,
+        lifeline: "int | None" = None,
+        on_step: "t.Callable[[int, str], None] | None" = None,
+    ) -> "tuple[dict[int, dict[str, t.Any]], dict[str, t.Any] | None, list[int]]":
+        """Tell each helper what to do (``targets``: ``(gpu, uuid, context_only)``, a GPU with a helper; ``peers``: what
+        :func:`probe_all` takes, its GPUs among the peer helper's), end the others, wait for the answers: what
+        :func:`probe_all` returns."""
+        self.done = True
+        wanted = {int(gpu): bool(context_only) for gpu, _uuid, context_only in targets}
+        active = []  # type: list[_Running]
+        for r in self.running:
+            if r.gpu == "peers":
+                if peers and len(peers["gpus"]) >= 2:
+                    r.tell({"gpus": peers["gpus"], "size": int(peers["size"]), "reps": int(peers.get("reps", 2))})
+                    r.began = clock()
+                    active.append(r)
+                else:
+                    r.dismiss()
+            elif int(r.gpu) in wanted:
+                r.tell({"fraction": fraction, "context_only": wanted[int(r.gpu)]})
+                r.began = clock()
+                active.append(r)
+            else:
+                r.dismiss()
+        starts = [r for r in active if r.gpu != "peers"]
+        pending = list(active)
+        while pending:
+            now = clock()
+            for r in list(pending):
+                if now - r.began >= timeout:
+                    _kill(r.pid)
+                    r.result = {"ok": False, "hung": r.step, "waited_s": round(now - r.began, 3), "steps": {}}
+                    pending.remove(r)
+            for r in pending:
+                # The peer copies wait until every start has passed its memset, which would share their memory bandwidth.
+                if r.gpu == "peers" and not r.gated and r.step == "wait" and all(x.result is not None or x.step in _PAST_MEMSET for x in starts):
+                    r.tell({"go": True})
+                    r.gated = True
+            if not pending:
+                break
+            wait = min(r.began + timeout for r in pending) - now
+            watched = [r.fd for r in pending] + ([lifeline] if lifeline is not None else [])
+            ready = select.select(watched, [], [], max(0.0, wait))[0]
+            if lifeline is not None and lifeline in ready and not os.read(lifeline, 4096):
+                # The caller is gone (the node gave up on this run): nothing may outlive it.
+                for r in pending:
+                    _kill(r.pid)
+                    r.result = {"ok": False, "abandoned": r.step, "steps": {}}
+                pending = []
+                lifeline = None
+                break
+            for r in [r for r in pending if r.fd in ready]:
+                chunk = os.read(r.fd, 65536)
+                r.buffer += chunk
+                *lines, r.buffer = r.buffer.split(b"\n")
+                for line in lines:
+                    kind, _sep, body = line.decode("utf-8", "replace").partition(" ")
+                    if kind == "S":
+                        r.step = body
+                        if on_step is not None and r.gpu != "peers":
+                            on_step(int(r.gpu), body)
+                    elif kind == "P":
+                        r.pairs.append(json.loads(body))
+                    elif kind == "R":
+                        r.result = json.loads(body)
+                if not chunk or r.result is not None:
+                    if r.result is None:
+                        r.result = {"ok": False, "died": r.step, "steps": {}}
+                    r.result["elapsed_s"] = round(clock() - r.began, 4)
+                    pending.remove(r)
+        killed = [r for r in active if r.gpu == "peers" and r.result is not None and ("hung" in r.result or "abandoned" in r.result)]
+        left = self._end(REAP_WAIT_S + (TEARDOWN_PER_CONTEXT_S * len(peers["gpus"]) if killed and peers else 0.0))
+        out = {}  # type: dict[int, dict[str, t.Any]]
+        together_raw = None
+        for r in active:
+            result = dict(r.result or {})
+            result["pid"] = r.pid
+            result.setdefault("elapsed_s", round(clock() - r.began, 4))
+            if r.gpu == "peers":
+                result["pairs"] = r.pairs
+                together_raw = result
+            else:
+                out[int(r.gpu)] = result
+        return out, together_raw, left
+
+    def _end(self, wait: float) -> "list[int]":
+        """Close every pipe and reap every helper (a dismissed one ends by itself, having made no context); the pids still
+        not reaped after ``wait`` seconds (stuck in the driver)."""
+        for r in self.running:
+            r.dismiss()
+            if r.fd >= 0:
+                os.close(r.fd)
+                r.fd = -1
+        return _reap([r.pid for r in self.running], wait)
+
+    def close(self) -> "list[int]":
+        """End helpers that were never told what to do (the run stopped before the verification): killed and reaped."""
+        if self.done:
+            return []
+        self.done = True
+        for r in self.running:
+            _kill(r.pid)
+        return self._end(REAP_WAIT_S)
+
+
 def probe(
     targets: "t.Sequence[t.Sequence[t.Any]]",
     fraction: float,
@@ -567,10 +773,12 @@ def probe_all(
     clock: "t.Callable[[], float]" = time.monotonic,
     lifeline: "int | None" = None,
     on_step: "t.Callable[[int, str], None] | None" = None,
+    early: "Helpers | None" = None,
 ) -> "tuple[dict[int, dict[str, t.Any]], dict[str, t.Any] | None, list[int]]":
     """Start CUDA on every target (``(gpu, uuid, context_only)``) at once, each in a helper of its own under ``timeout`` seconds,
     and with ``peers`` (``gpus``: ``[index, uuid]`` of two or more GPUs, ``size``: bytes a copy moves, ``reps``: copies
-    timed together) the peer check of those GPUs in one more helper (:func:`together`), under the same deadline.
+    timed together) the peer check of those GPUs in one more helper (:func:`together`), under the same deadline. With
+    ``early`` (:class:`Helpers` forked before, covering every target and the peer check's GPUs), its helpers do it.
 
     Returns each GPU's raw answer (``ok``, ``code``, ``text``, ``step``, ``steps``, ``cuda_free_mib``,
     ``cuda_total_mib``, ``allocated_mib``, ``pid``, ``elapsed_s``; ``hung`` with the call it was in; ``dlopen_error``;
@@ -580,98 +788,11 @@ def probe_all(
     every helper still running. ``on_step(gpu, call)`` is called as each start announces a call (the module reads the
     GPU's PCIe link while its start keeps it busy).
     """
-    running = []  # type: list[_Running]
-    parent = os.getpid()
-    for gpu, uuid, context_only in targets:
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the helper
-            try:
-                os.close(read_fd)
-                helper(write_fd, parent, uuid, fraction, context_only)
-            finally:
-                os._exit(0)
-        os.close(write_fd)
-        running.append(_Running(gpu, pid, read_fd, clock()))
-    starts = list(running)
-    if peers and len(peers["gpus"]) >= 2:
-        read_fd, write_fd = os.pipe()
-        go_read, go_write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the helper
-            try:
-                os.close(read_fd)
-                os.close(go_write)
-                together_helper(write_fd, go_read, parent, peers["gpus"], int(peers["size"]), int(peers.get("reps", 2)))
-            finally:
-                os._exit(0)
-        os.close(write_fd)
-        os.close(go_read)
-        running.append(_Running("peers", pid, read_fd, clock(), gate=go_write))
-    pending = list(running)
-    while pending:
-        now = clock()
-        for r in list(pending):
-            if now - r.began >= timeout:
-                _kill(r.pid)
-                r.result = {"ok": False, "hung": r.step, "waited_s": round(now - r.began, 3), "steps": {}}
-                pending.remove(r)
-        for r in pending:
-            # The peer copies wait until every start has passed its memset, which would share their memory bandwidth.
-            if r.gate is not None and r.step == "wait" and all(s.result is not None or s.step in _PAST_MEMSET for s in starts):
-                os.write(r.gate, b"go\n")
-                os.close(r.gate)
-                r.gate = None
-        if not pending:
-            break
-        wait = min(r.began + timeout for r in pending) - now
-        watched = [r.fd for r in pending] + ([lifeline] if lifeline is not None else [])
-        ready = select.select(watched, [], [], max(0.0, wait))[0]
-        if lifeline is not None and lifeline in ready and not os.read(lifeline, 4096):
-            # The caller is gone (the node gave up on this run): nothing may outlive it.
-            for r in pending:
-                _kill(r.pid)
-                r.result = {"ok": False, "abandoned": r.step, "steps": {}}
-            pending = []
-            lifeline = None
-            break
-        for r in [r for r in pending if r.fd in ready]:
-            chunk = os.read(r.fd, 65536)
-            r.buffer += chunk
-            *lines, r.buffer = r.buffer.split(b"\n")
-            for line in lines:
-                kind, _sep, body = line.decode("utf-8", "replace").partition(" ")
-                if kind == "S":
-                    r.step = body
-                    if on_step is not None and r.gpu != "peers":
-                        on_step(int(r.gpu), body)
-                elif kind == "P":
-                    r.pairs.append(json.loads(body))
-                elif kind == "R":
-                    r.result = json.loads(body)
-            if not chunk or r.result is not None:
-                if r.result is None:
-                    r.result = {"ok": False, "died": r.step, "steps": {}}
-                r.result["elapsed_s"] = round(clock() - r.began, 4)
-                pending.remove(r)
-    for r in running:
-        os.close(r.fd)
-        if r.gate is not None:
-            os.close(r.gate)
-    killed = [r for r in running if r.gpu == "peers" and r.result is not None and ("hung" in r.result or "abandoned" in r.result)]
-    left = _reap([r.pid for r in running], REAP_WAIT_S + (TEARDOWN_PER_CONTEXT_S * len(peers["gpus"]) if killed and peers else 0.0))
-    out = {}  # type: dict[int, dict[str, t.Any]]
-    together_raw = None
-    for r in running:
-        result = dict(r.result or {})
-        result["pid"] = r.pid
-        result.setdefault("elapsed_s", round(clock() - r.began, 4))
-        if r.gpu == "peers":
-            result["pairs"] = r.pairs
-            together_raw = result
-        else:
-            out[int(r.gpu)] = result
-    return out, together_raw, left
+    if early is None or not early.covers(targets, peers):
+        if early is not None:
+            early.close()
+        early = Helpers([(gpu, uuid) for gpu, uuid, _context_only in targets], peers["gpus"] if peers else None)
+    return early.run(targets, fraction, timeout, peers, clock=clock, lifeline=lifeline, on_step=on_step)
 
 
 # ---------------------------------------------------------------------- the room the next start needs, vLLM's cached answer

@@ -301,14 +301,30 @@ def run_local(module: t.Any, command: str, timeout: float) -> dict[str, t.Any]:
     return result
 
 
-def verify_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
+def verify_phase(module: t.Any, params: dict[str, t.Any], early: t.Any = None) -> dict[str, t.Any]:
     nvml = _module.Library("nvidia-ml-py", _nvml.HAS_PYNVML, _nvml.PYNVML_IMPORT_ERROR)
-    return _module.outcome(Phase(module, params, module.check_mode), verify_body, "gpu_mem_verify", libraries=[nvml], details=_verify.failure_details)
+
+    def body(phase: t.Any) -> dict[str, t.Any]:
+        return verify_body(phase, early)
+
+    return _module.outcome(Phase(module, params, module.check_mode), body, "gpu_mem_verify", libraries=[nvml], details=_verify.failure_details)
 
 
-def verify_body(phase: t.Any) -> dict[str, t.Any]:
-    """gpu_mem_verify's run; in container scope the CUDA start and the device files are the container's, through pct."""
-    return _verify.run(phase, _inside.runner(phase))
+def verify_body(phase: t.Any, early: t.Any = None) -> dict[str, t.Any]:
+    """gpu_mem_verify's run; in container scope the CUDA start and the device files are the container's, through pct.
+    ``early``: the CUDA starts' helpers forked before the kill (:func:`early_starts`)."""
+    return _verify.run(phase, _inside.runner(phase), early)
+
+
+def early_starts(module: t.Any, phases: list[str], params: dict[str, dict[str, t.Any]], before: dict[str, t.Any]) -> t.Any:
+    """The verification's CUDA helpers forked before the kill (``_verify.early_helpers``), for the GPUs the before picture
+    read: each spends its ``cuInit`` (0.1-0.2 s on an H200) while the kill and the residue phases run, so that the
+    verification's starts go on from there the moment the memory is free. Only when the verify phase will make them
+    (not in check mode, nor in container scope, where they are made inside the container); None otherwise."""
+    if "verify" not in phases or "kill" not in phases:
+        return None
+    gpus = [(g["index"], g["uuid"]) for g in before.get("gpus") or [] if isinstance(g, dict) and g.get("uuid")]
+    return _verify.early_helpers(params["verify"], gpus, module.check_mode)
 
 
 def kill_phase(module: t.Any, params: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
@@ -400,7 +416,16 @@ def write_metrics(p: t.Mapping[str, t.Any], run: dict[str, t.Any], metrics: t.Ma
 
 
 def steps(module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: dict[str, dict[str, t.Any]], out: dict[str, t.Any]) -> None:
-    """Run the phases into ``out``; raises :class:`Stop` at the first that fails."""
+    """Run the phases into ``out``; raises :class:`Stop` at the first that fails. The verification's CUDA helpers are
+    forked once the GPUs were read, before the kill (:func:`early_starts`), and never outlive the run."""
+    with contextlib.ExitStack() as stack:
+        _steps(module, p, phases, params, out, stack)
+
+
+def _steps(
+    module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: dict[str, dict[str, t.Any]], out: dict[str, t.Any], stack: contextlib.ExitStack
+) -> None:
+    early = None
     allow_name_only = "kill" in phases and params["kill"]["allow_name_only"]
     if "preflight" in phases:
         before = out["before"] = verify_phase(module, params["preflight"])
@@ -410,6 +435,10 @@ def steps(module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: di
                 raise Stop("preflight", before)
             # A name-only kill goes on: the reading's failure is on record, not the run's.
             before["failed"] = False
+    if "kill" in phases and read_ok(out.get("before", {})):
+        early = early_starts(module, phases, params, out["before"])
+        if early is not None:
+            stack.callback(early.close)
     if "kill" in phases:
         if not allow_name_only and not read_ok(out.get("before", {})):
             guard = out["guard"] = {
@@ -443,6 +472,6 @@ def steps(module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: di
             # In check mode nothing was ended, so a GPU still in use is the expected picture, not a failure.
             restore["failed"] = False
     if "verify" in phases:
-        verify = out["verify"] = verify_phase(module, params["verify"])
+        verify = out["verify"] = verify_phase(module, params["verify"], early)
         if verify.get("failed"):
             raise Stop("verify", verify)

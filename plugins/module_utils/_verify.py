@@ -18,6 +18,7 @@ the verdict (dirty GPUs, ``expected_count``) and the result.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.util
 import os
@@ -383,9 +384,11 @@ def poll_until_clean(
     clock: t.Callable[[], float] = time.monotonic,
     sleep: t.Callable[[float], None] = time.sleep,
     health: bool = False,
+    helpers: t.Collection[int] = (),
 ) -> Outcome:
     """Poll until every GPU in ``gpus`` is clean or ``timeout`` seconds pass; with ``health``, then
-    take each GPU's health readings once (they do not change while memory is released)."""
+    take each GPU's health readings once (they do not change while memory is released). ``helpers``: processes of this
+    module that may hold the device files (the CUDA starts' helpers, forked early), never a GPU's holders."""
     start = clock()
     deadline = start + timeout
     polls = 0
@@ -410,7 +413,7 @@ def poll_until_clean(
         )
     holders: dict[int, _proctable.Holding] = {}
     unreadable = 0
-    own = {os.getpid()}
+    own = {os.getpid(), *helpers}
     nvml_minors: dict[int, set[int]] = {}
     if not all(clean for clean, _terminal in judged):
         # Only a dirty node pays for the /proc scan that names the real holders.
@@ -503,7 +506,7 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
     _checks.number("expected_count", params["expected_count"], 0, 1024)
     # Ready together (issue 39): what a copy moves (the simulated driver backs a buffer of up to 1 GiB), the share of a
     # link's rate below which a pair is slow (0: never), the link error counts tolerated, the room the next start needs.
-    _checks.number("peers_copy_mib", params.get("peers_copy_mib", 8), 1, 1024, unit="MiB")
+    _checks.number("peers_copy_mib", params.get("peers_copy_mib", 2), 1, 1024, unit="MiB")
     _checks.number("peers_min_bandwidth", params.get("peers_min_bandwidth", 0.25), 0, 1)
     _checks.number("nvlink_error_threshold", params.get("nvlink_error_threshold", 0), 0, 1 << 40)
     _checks.number("shm_min_mib", params.get("shm_min_mib", 1024), 0, 1 << 30, unit="MiB")
@@ -674,7 +677,7 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "cuda_probe_timeout": {"type": "float", "default": 10},
         "peers": {"type": "bool", "default": True},
         "peers_required": {"type": "bool", "default": False},
-        "peers_copy_mib": {"type": "int", "default": 8},
+        "peers_copy_mib": {"type": "int", "default": 2},
         "peers_min_bandwidth": {"type": "float", "default": 0.25},
         "links": {"type": "bool", "default": True},
         "nvlink_error_threshold": {"type": "int", "default": 0},
@@ -786,6 +789,8 @@ class StartRun:
     check_mode: bool
     #: Ready together (issue 39): what the GPUs are checked for together, and what was found.
     together: _peers.Check | None = None
+    #: The CUDA starts' helpers, forked before the GPUs were read clean (``early_helpers``), or None.
+    early: _cuda_program.Helpers | None = None
 
 
 def startability(run: StartRun, look: t.Callable[[], dict[str, t.Any]]) -> tuple[dict[str, t.Any], dict[str, t.Any]]:
@@ -804,7 +809,7 @@ def startability(run: StartRun, look: t.Callable[[], dict[str, t.Any]]) -> tuple
     raw: dict[int, dict[str, t.Any]] = {}
     left_behind: list[int] = []
     if targets:
-        raw, peers_raw, left_behind = _cuda.probe_all(targets, params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"], peers, on_step)
+        raw, peers_raw, left_behind = _cuda.probe_all(targets, params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"], peers, on_step, run.early)
         if together:
             together.raw = peers_raw
     devices = look()
@@ -980,7 +985,17 @@ def software_checks(prober: _probe.Prober, outcome: Outcome, selected: list[Gpu]
     }
 
 
-def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.Any]:
+def early_helpers(params: t.Mapping[str, t.Any], gpus: t.Sequence[tuple[int, str]], check_mode: bool) -> _cuda_program.Helpers | None:
+    """The CUDA starts' helpers (and the peer check's) forked now, before the GPUs are read clean, for ``gpus`` (``(index,
+    uuid)``, those the verification selects): they spend the first tenth of a second of a start (``cuInit``) while the
+    GPUs' holders are still being ended, and the starts then go on from there (:class:`._cuda_program.Helpers`). None
+    where no start will be made here: check mode, no CUDA probe, container scope (the start is made inside the container)."""
+    if check_mode or not params.get("cuda_probe") or params.get("containers") or not gpus:
+        return None
+    return _cuda_program.Helpers([list(g) for g in gpus], [list(g) for g in gpus] if params.get("peers", True) else None)
+
+
+def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_program.Helpers | None = None) -> dict[str, t.Any]:
     """The gpu_mem_verify module: read the GPUs until they are clean or the timeout passes, then judge.
 
     With ``containers`` (container scope, a container cleaned from its node), the device files are looked at and the
@@ -1000,9 +1015,15 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
     # Every NVML call runs in a helper process under a deadline (_probe): a hung driver costs at most
     # probe_timeout per call, and all of it ends NVML_GRACE_S after the later of timeout and probe_timeout.
     end = time.monotonic() + max(p["timeout"], p["probe_timeout"]) + NVML_GRACE_S
-    with _probe.Prober(p["probe_timeout"], end=end) as prober:
+    with contextlib.ExitStack() as stack:
+        prober = stack.enter_context(_probe.Prober(p["probe_timeout"], end=end))
         every = prober.start()
         selected = _nvml.select_gpus(every, selectors)
+        if early is None:
+            # Forked now, the starts' cuInit runs while NVML is polled (clean_slate_node forks them before its kill).
+            early = early_helpers(p, [(g.index, str(g.uuid)) for g in selected if g.error is None and g.uuid], module.check_mode)
+        if early is not None:
+            stack.callback(early.close)
         criteria = Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
         outcome = poll_until_clean(
             prober,
@@ -1013,6 +1034,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
             device_dir=p["device_dir"],
             every_gpu=every,
             health=p.get("health", False),
+            helpers=early.pids if early is not None else (),
         )
         cuda_probe = software = together = None
         if p.get("cuda_probe") or p.get("health"):
@@ -1021,7 +1043,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
             # Ready together (issue 39): each GPU's links read first, the peer check made beside the starts.
             check = _peers.Check(p, module.check_mode, bool(p.get("containers")))
             check.read_links(prober, selected)
-            starts = StartRun(prober, outcome, selected, modes, criteria, p, module.check_mode, check)
+            starts = StartRun(prober, outcome, selected, modes, criteria, p, module.check_mode, check, early)
             if p.get("containers"):
                 if in_container is None:
                     raise CleanSlateError("containers: this entry point has no way into a container.", reason=_reasons.INTERNAL_ERROR)

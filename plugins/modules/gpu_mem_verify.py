@@ -185,7 +185,7 @@ options:
     description:
       - Prove the GPUs whose CUDA start is made (those NVML reads clean, in the default compute mode; two or more) ready
         together - for each pair, C(cuDeviceCanAccessPeer) both ways, C(cuCtxEnablePeerAccess) both ways, O(peers_copy_mib)
-        of a known pattern copied each way twice (C(cuMemcpyPeer), timed with events), read back and compared. One
+        of a known pattern copied each way eight times back to back (C(cuMemcpyPeer), timed with events), read back and compared. One
         helper process holds a context on each of them (made in parallel threads) beside the starts' helpers, under
         O(cuda_probe_timeout); its copies wait until every start has passed its memset. A pair whose copy hangs is
         named by its two GPUs when the helper is killed at the deadline.
@@ -193,8 +193,8 @@ options:
         O(peers_required)), V(p2p_broken) (a copy arrived changed, failed or hung, or enabling failed where the driver
         offers it; fails the module), V(p2p_slow) (below O(peers_min_bandwidth) of the pair's link), V(peers_unproven)
         (the check could not be made although every GPU started; fails the module).
-      - Needs O(cuda_probe); never in check mode. Measured on the simulated 8-GPU node (28 pairs) the matrix takes about
-        0.2 s beside the starts (docs/benchmarks.md, "Ready together").
+      - Needs O(cuda_probe); never in check mode. The matrix of 28 pairs takes about 0.1 s (docs/benchmarks.md, "Ready
+        together").
     type: bool
     default: true
   peers_required:
@@ -206,11 +206,13 @@ options:
     default: false
   peers_copy_mib:
     description:
-      - MiB of the pattern one peer copy moves, from 1 to 1024. Each direction of each pair copies it twice between two
-        events and reads it back once to compare; the check holds two buffers of it on each GPU.
-      - 8 MiB keeps 28 pairs well under a second while the copy is long enough for its time to be the link's (docs/benchmarks.md).
+      - MiB of the pattern one peer copy moves, from 1 to 1024. Each direction of each pair copies it eight times back to
+        back between two events (the time is the link's, not the host's to issue the copies) and reads it back once to
+        compare every byte; the check holds two buffers of it on each GPU.
+      - What the host reads back and compares is what the matrix costs (the copies cost only the GPUs' copy engines) -
+        2 MiB keeps 28 pairs near 0.1 s (docs/benchmarks.md, "Ready together"); a larger copy tests more bytes.
     type: int
-    default: 8
+    default: 2
   peers_min_bandwidth:
     description:
       - A pair is V(p2p_slow) when a copy between them moves less than this share of what their link allows in one
