@@ -137,7 +137,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 8, 32], help="peer copy sizes to time, MiB")
-    parser.add_argument("--baseline", type=lambda s: Path(s).resolve(), action="append", default=[], help="a checkout of the role before the issue (git archive)")
+    parser.add_argument(
+        "--baseline", type=lambda s: Path(s).resolve(), action="append", default=[], help="a checkout of the role before the issue (git archive)"
+    )
     parser.add_argument("--no-playbook", action="store_true", help="the parts only")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()

@@ -790,9 +790,23 @@ class Node:
         )
         return line
 
-    def set_cuda_timing(self, init_ms: int | None = None, ctx_ms: int | None = None, release_ms: int | None = None) -> None:
-        """How long the simulated libcuda's cuInit, cuDevicePrimaryCtxRetain and cuDevicePrimaryCtxRelease take."""
-        for name, value in (("cuda_init_ms", init_ms), ("cuda_ctx_ms", ctx_ms), ("cuda_release_ms", release_ms)):
+    def set_cuda_timing(
+        self,
+        init_ms: int | None = None,
+        ctx_ms: int | None = None,
+        release_ms: int | None = None,
+        memset_gbps: int | None = None,
+        free_us_per_gib: int | None = None,
+    ) -> None:
+        """How long the simulated libcuda's cuInit, cuDevicePrimaryCtxRetain and cuDevicePrimaryCtxRelease take, how fast a
+        memset is set (which the next synchronize waits for) and how long a free takes per GiB."""
+        for name, value in (
+            ("cuda_init_ms", init_ms),
+            ("cuda_ctx_ms", ctx_ms),
+            ("cuda_release_ms", release_ms),
+            ("cuda_memset_gbps", memset_gbps),
+            ("cuda_free_us_per_gib", free_us_per_gib),
+        ):
             if value is not None:
                 setattr(self.desc, name, int(value))
         self.desc.write(self.state_dir)
