@@ -323,7 +323,9 @@ def detach(parent: int) -> bool:  # pragma: no cover - runs in a forked helper
     return True
 
 
-def helper(out_fd: int, parent: int, uuid: str, fraction: float, context_only: bool, go_fd: "int | None" = None) -> None:  # pragma: no cover - runs in the helper
+def helper(  # pragma: no cover - runs in the helper
+    out_fd: int, parent: int, uuid: str, fraction: float, context_only: bool, go_fd: "int | None" = None
+) -> None:
     """The forked helper's life: die with the parent, keep nothing of it open, then the start on ``uuid`` alone."""
     if not detach(parent):
         return

@@ -55,7 +55,8 @@ for _ in range(repeat):
         wall = time.monotonic() - t
         assert all(r["ok"] for r in raw.values()) and peers.get("ok") and not left, peers
         row = out["peers"].setdefault(str(size), {"wall": [], "setup": [], "matrix": [], "release": [], "helper": [], "gbps": []})
-        for key, value in (("wall", wall), ("setup", peers["setup_s"]), ("matrix", peers["matrix_s"]), ("release", peers["release_s"]), ("helper", peers["elapsed_s"])):
+        timed = {"wall": wall, "setup": peers["setup_s"], "matrix": peers["matrix_s"], "release": peers["release_s"], "helper": peers["elapsed_s"]}
+        for key, value in timed.items():
             row[key].append(value)
         row["gbps"] += [c["gbps"] for p in peers["pairs"] for c in p["copies"]]
     with _probe.Prober(10) as prober:
