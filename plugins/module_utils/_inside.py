@@ -117,7 +117,8 @@ def run(cmd: list[str], deadline_s: float, clock: t.Callable[[], float] = time.m
 
 
 def answer_of(vmid: int, done: dict[str, t.Any], deadline_s: float) -> dict[str, t.Any]:
-    """The program's answer from a finished run (``ok`` True, with ``devices``, ``raw``, ``left_behind``, ``python``), or
+    """The program's answer from a finished run (``ok`` True, with ``devices``, ``raw``, ``left_behind``, ``python``, and
+    ``peers``, ``shm`` and ``p2p_caches`` of the checks together), or
     ``ok`` False with ``why``: a sentence that says why the start could not be made in the container and what to do."""
     base = {"vmid": vmid, "elapsed_s": done["elapsed_s"], "rc": done["rc"]}
     lines = [line for line in done["stdout"].splitlines() if line.startswith(_cuda_program.ANSWER)]
@@ -130,7 +131,8 @@ def answer_of(vmid: int, done: dict[str, t.Any], deadline_s: float) -> dict[str,
             devices = dict(answer["devices"])
             devices["gpus"] = {int(k): v for k, v in devices["gpus"].items()}  # JSON keys are text
             raw = {int(k): v for k, v in answer["raw"].items()}
-            return {**base, "ok": True, "devices": devices, "raw": raw, "left_behind": answer["left_behind"], "python": answer.get("python")}
+            together = {k: answer.get(k) for k in ("peers", "shm", "p2p_caches")}  # ready together (issue 39), the container's
+            return {**base, "ok": True, "devices": devices, "raw": raw, "left_behind": answer["left_behind"], "python": answer.get("python"), **together}
     stderr = done["stderr"].strip()
     last = stderr.splitlines()[-1] if stderr else ""
     if done.get("error"):

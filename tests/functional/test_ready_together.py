@@ -238,3 +238,35 @@ def test_bad_thresholds_and_sizes_are_refused_before_anything_runs(mod, node, sa
         assert (r["_status"], r["reason"], r["option"]) == ("failed", "bad_arguments", option), r
         assert says in r["msg"], r
     assert node.contexts() == [] and left_in(sandbox) == []
+
+
+def test_in_a_container_cleaned_from_its_node_the_pair_is_checked_inside_and_its_stale_answer_removed_there(node, tmp_path) -> None:
+    """ct102 of the lab, simulated: GPUs 6 and 7 passed through. The peer check runs inside the container, where the
+    server starts (the same program as the start, through pct exec), its /dev/shm and vLLM's cache are the container's,
+    and the cache's CUDA ordinals 0 and 1 are the container's two GPUs."""
+    registry = tmp_path / "pct"
+    registry.mkdir()
+    (registry / "node").write_text("pve1")
+    (registry / "latency_ms").write_text("0")
+    env = {"PCTSIM_DIR": str(registry)}
+    node.set_fault(p2p_corrupt=[(6, 7)])
+    cache = tmp_path / "ct" / "root" / ".cache" / "vllm" / "gpu_p2p_access_cache_for_0,1.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({"0->1": True, "1->0": True}))
+    ct = node.sandbox(vmid=102)
+    try:
+        ct.register_pct(env["PCTSIM_DIR"])
+        ct.pass_devices(omit=[f"nvidia{i}" for i in range(6)])
+        args = {"containers": [102], "gpus": [6, 7], "timeout": 0, "kernel_log": str(node.kernel_log), "fail_on": "never"}
+        args.update(peers_cache="remove", peers_cache_dirs=[str(tmp_path / "ct" / "root" / ".cache" / "vllm")])
+        r = ModuleRunner(node, None)("gpu_mem_verify", args, env=env)
+        assert (r["_status"], r.get("reason")) == ("failed", "not_ready_together"), {k: r.get(k) for k in ("_status", "msg")}
+        assert all(g["clean"] and g["startable"]["ok"] for g in r["gpus"])
+        [pair] = r["together"]["peers"]["pairs"]
+        assert pair["gpus"] == [6, 7] and pair["status"] == "p2p_broken" and pair["link"] == "nvlink"
+        [item] = r["together"]["p2p_caches"]
+        assert item["stale"] == [[6, 7]] and item["removed"] is True and not cache.exists()
+        assert r["together"]["shm"]["free_mib"] > 0 and r["cuda_probe"]["container"]["vmid"] == 102
+        assert node.contexts() == []
+    finally:
+        ct.stop()
