@@ -248,6 +248,13 @@ static const char *gpu_header(const char *f)
         {"compute_mode", "compute_mode"},
         {"mig.mode.current", "mig.mode.current"},
         {"mig.mode.pending", "mig.mode.pending"},
+        {"pcie.link.gen.current", "pcie.link.gen.current"},
+        {"pcie.link.gen.max", "pcie.link.gen.max"},
+        {"pcie.link.gen.gpumax", "pcie.link.gen.gpumax"},
+        {"pcie.link.width.current", "pcie.link.width.current"},
+        {"pcie.link.width.max", "pcie.link.width.max"},
+        {"clocks_event_reasons.active", "clocks_event_reasons.active"},
+        {"temperature.gpu", "temperature.gpu"},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (strcmp(f, map[i][0]) == 0)
@@ -292,6 +299,32 @@ static void gpu_value(const gpu_t *g, const char *f, const fmt_t *fmt, char *out
         static const char *names[] = {"Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process"};
         nvmlReturn_t rc = p_nvmlDeviceGetComputeMode(g->dev, &m);
         snprintf(out, size, "%s", rc == NVML_SUCCESS && (unsigned)m < 4 ? names[m] : "[N/A]");
+    } else if (strncmp(h, "pcie.link.", 10) == 0) {
+        unsigned v = 0;
+        nvmlReturn_t rc = strcmp(h, "pcie.link.gen.current") == 0   ? p_nvmlDeviceGetCurrPcieLinkGeneration(g->dev, &v)
+                          : strcmp(h, "pcie.link.gen.max") == 0     ? p_nvmlDeviceGetMaxPcieLinkGeneration(g->dev, &v)
+                          : strcmp(h, "pcie.link.gen.gpumax") == 0  ? p_nvmlDeviceGetGpuMaxPcieLinkGeneration(g->dev, &v)
+                          : strcmp(h, "pcie.link.width.current") == 0 ? p_nvmlDeviceGetCurrPcieLinkWidth(g->dev, &v)
+                                                                      : p_nvmlDeviceGetMaxPcieLinkWidth(g->dev, &v);
+        if (rc == NVML_SUCCESS)
+            snprintf(out, size, "%u", v);
+        else
+            snprintf(out, size, "[N/A]");
+    } else if (strcmp(h, "clocks_event_reasons.active") == 0) {
+        unsigned long long mask = 0;
+        if (p_nvmlDeviceGetCurrentClocksEventReasons(g->dev, &mask) == NVML_SUCCESS)
+            snprintf(out, size, "0x%016llX", mask);
+        else
+            snprintf(out, size, "[N/A]");
+    } else if (strcmp(h, "temperature.gpu") == 0) {
+        nvmlTemperature_t t;
+        memset(&t, 0, sizeof t);
+        t.version = nvmlTemperature_v1;
+        t.sensorType = NVML_TEMPERATURE_GPU;
+        if (p_nvmlDeviceGetTemperatureV(g->dev, &t) == NVML_SUCCESS)
+            snprintf(out, size, "%d", t.temperature);
+        else
+            snprintf(out, size, "[N/A]");
     } else if (strncmp(h, "mig.mode.", 9) == 0) {
         unsigned cur, pend;
         if (p_nvmlDeviceGetMigMode(g->dev, &cur, &pend) != NVML_SUCCESS)
