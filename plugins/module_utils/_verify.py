@@ -1023,7 +1023,8 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
         fails = reason is None and _health.fails(health["verdict"], p["fail_on"])
         lines.append(f"Health: {health['verdict']}" + (f" (fail_on is {p['fail_on']})." if fails else "."))
         lines += _health.lines(health["findings"], said)
-        lines.append(_health.advice(health["verdict"]).capitalize())
+        advice = _health.advice(health["verdict"])
+        lines.append(advice[:1].upper() + advice[1:])
         if fails:
             reason = _reasons.UNHEALTHY
     if plan:
