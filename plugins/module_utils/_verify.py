@@ -544,6 +544,26 @@ def reset_wanted(outcome: Outcome, health: t.Mapping[str, t.Any] | None) -> dict
     return out
 
 
+def start(prober: _probe.Prober, device_dir: str) -> list[Gpu]:
+    """NVML opened and every GPU read (:meth:`._probe.Prober.start`). When NVML cannot open because nvidiactl is absent,
+    another device's or refused here (a container's passthrough: nvmlInit answers NVML_ERROR_OPERATING_SYSTEM for
+    /dev/null's numbers on an H100, a driver-not-loaded for none), the failure is that configuration fault,
+    ``device_missing``, with the node's facts and its fix, never a driver to reload or a node to reboot."""
+    try:
+        return prober.start()
+    except CleanSlateError as exc:
+        if exc.reason not in _reasons.NVML or exc.reason == _reasons.DRIVER_HUNG:
+            raise
+        ctl = _cuda_program.node(os.path.join(device_dir, "nvidiactl"), (_cuda_program.CTL, _cuda_program.CTL_MINOR))
+        if ctl["ok"] or not os.path.isdir(device_dir):
+            raise
+        raise CleanSlateError(
+            f"{exc.msg.rstrip('.')}: {ctl['why']}. {_findings.FINDINGS[_reasons.DEVICE_MISSING].fix}",
+            reason=_reasons.DEVICE_MISSING,
+            **{**exc.details, "nvml_reason": exc.reason, "device": ctl},
+        ) from None
+
+
 def healthy_count(every_gpu: list[Gpu]) -> int:
     """The GPUs NVML lists that did not fall off the bus (a lost GPU still counts in the driver's total)."""
     return sum(1 for g in every_gpu if g.error is None or g.error.reason != _reasons.GPU_LOST)
@@ -954,7 +974,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
     # probe_timeout per call, and all of it ends NVML_GRACE_S after the later of timeout and probe_timeout.
     end = time.monotonic() + max(p["timeout"], p["probe_timeout"]) + NVML_GRACE_S
     with _probe.Prober(p["probe_timeout"], end=end) as prober:
-        every = prober.start()
+        every = start(prober, p["device_dir"])
         selected = _nvml.select_gpus(every, selectors)
         criteria = Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
         outcome = poll_until_clean(

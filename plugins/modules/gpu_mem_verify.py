@@ -359,7 +359,9 @@ reason:
       V(missing_library), V(internal_error), or, when the GPUs cannot be read, V(library_not_found),
       V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
       V(needs_reset), V(nvml_error) (NVML failed; the message says why and what to do) or V(driver_hung) (NVML did not
-      even open within O(probe_timeout), so the driver is hung; reboot the node).
+      even open within O(probe_timeout), so the driver is hung; reboot the node); V(device_missing) when NVML cannot open
+      because C(nvidiactl) is absent, another device's or refused here (a configuration fault; C(nvml_reason) keeps
+      NVML's own).
     - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str

@@ -11,6 +11,8 @@ import os
 
 from support.modules import ModuleRunner, assert_no_traceback
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _findings
+
 H200_CUDA_TOTAL_MIB = 143771 - 615
 
 
@@ -86,8 +88,10 @@ def test_a_container_without_nvidia_uvm_is_red_while_nvml_reads_clean(node) -> N
 def test_device_files_of_another_device_or_refused_are_configuration_faults_never_a_reset(node) -> None:
     """What a container gets from a passthrough that names the wrong node, made for real in its mount namespace: a GPU's
     node masked by /dev/null (NVML then lists no such GPU, as on an H100), nvidia-uvm masked (cuInit 999 while NVML reads
-    the GPUs), nvidia-uvm refused by the container's device rules (a devices cgroup: EPERM at open). Each is named as the
-    configuration fault it is (fix_config), in a few lines, its fix once, never a reset or a reboot."""
+    the GPUs), nvidia-uvm and then nvidiactl refused by the container's device rules (a devices cgroup: EPERM at open).
+    Each is named as the configuration fault it is (fix_config, device_missing), in a few lines, its fix once, never a
+    reset or a reboot. (A node of another device's numbers is told by /proc/devices, which names no NVIDIA driver here:
+    unit tests and the real-GPU runs hold that part.)"""
     sb = node.sandbox(vmid=131)
     try:
         sb.pass_devices()
@@ -129,6 +133,13 @@ def test_device_files_of_another_device_or_refused_are_configuration_faults_neve
         assert (uvm["ok"], uvm["fault"]) == (False, "refused") and "the device cgroup refuses it" in uvm["why"]
         assert {g["diagnosis"] for g in r["gpus"]} == {"uvm_missing"} and "the device cgroup refuses it" in r["gpus"][0]["detail"]
         no_reset(r)
+        # nvidiactl refused as well: NVML cannot open at all; the failure is that configuration fault, not a driver to
+        # load (NVML's own answer kept beside it).
+        sb.refuse("nvidiactl")
+        r = verify(run)
+        assert (r["_status"], r["reason"], r.get("nvml_reason")) == ("failed", "device_missing", "no_permission"), r
+        assert "nvidiactl is present but cannot be opened: the device cgroup refuses it" in r["msg"] and "reboot" not in r["msg"]
+        assert r["msg"].endswith(_findings.FINDINGS["device_missing"].fix)
         assert node.contexts() == []
     finally:
         sb.stop()
@@ -313,5 +324,11 @@ def test_a_container_with_every_device_is_proven_startable_inside_a_hang_there_r
             assert g["health"]["verdict"] == "ok"
         assert [f["name"] for f in r["software"]["findings"]] == ["devices_unchecked"]
         assert r["cuda_probe"]["container"]["ok"] is False and "no python3" in r["cuda_probe"]["container"]["why"]
+        # A reset for the container's GPU 7 is the node's to make, by the node's own bus ID (the container cannot).
+        node.set_health(7, remap_pending=1)
+        r = run("gpu_mem_verify", {"containers": [102], "gpus": [6, 7], "timeout": 0, "kernel_log": str(node.kernel_log)}, env=env)
+        plan = r["reset_plan"]
+        assert [(g["index"], g["pci_bus_id"], g["why"]) for g in plan["gpus"]] == [(7, r["gpus"][1]["pci_bus_id"], ["row_remap_pending"])], plan
+        assert plan["where"] == "this node (container 102's GPUs, by this node's bus IDs)" and "nvidia-smi -r -i " + r["gpus"][1]["pci_bus_id"] in r["msg"]
     finally:
         ct.stop()
