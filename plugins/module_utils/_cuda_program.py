@@ -77,7 +77,7 @@ CTL_MINOR = 255
 
 def char_majors() -> "dict[int, str]":
     """The character devices' majors and the drivers /proc/devices names for them ({} when it cannot be read)."""
-    out = {}
+    out: dict[int, str] = {}  # a local's annotation is never evaluated, on 3.6 too
     try:
         with open("/proc/devices", encoding="utf-8") as fh:
             block = False

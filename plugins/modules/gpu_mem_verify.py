@@ -122,7 +122,7 @@ options:
         verdicts, from best to worst, are V(ok), V(restart_app), V(fix_config), V(reset_gpu), V(reboot) and V(drain);
         V(never) only reports.
       - V(fix_config) is a configuration fault no reset or reboot fixes (a device file absent, another device's or refused,
-        C(nvidia-uvm), C(libcuda.so.1), a variable DCGM flags, C(nvidia-fabricmanager)): its fix is the configuration.
+        C(nvidia-uvm), C(libcuda.so.1), a variable DCGM flags, C(nvidia-fabricmanager)), fixed in the configuration.
       - A host fails when its verdict is a finding (anything but V(ok)) at or above O(fail_on). A healthy host never
         fails for its health, so V(ok) fails on any finding, as V(restart_app) does. V(reset_gpu) and above leave a
         configuration fault reported only (a GPU whose CUDA start it broke is not clean, whatever O(fail_on) says).
@@ -290,7 +290,7 @@ poll_s:
   type: float
   sample: 0.003
 cuda_s:
-  description: Seconds of it spent on the CUDA start (RV(cuda_probe.elapsed_s)); null with O(cuda_probe=false).
+  description: Seconds of it spent on the CUDA start (C(elapsed_s) of RV(cuda_probe)); null with O(cuda_probe=false).
   returned: always
   type: float
   sample: 0.61

@@ -104,7 +104,9 @@ def test_device_files_of_another_device_or_refused_are_configuration_faults_neve
         sb.bind_over("nvidia3", "/dev/null")
         r = verify(run, expected_count=8)
         assert (r["_status"], r["reason"], r["gpu_count"]) == ("failed", "missing_gpus", 7), r
-        assert r["lines"][0].startswith("expected 8 GPUs, found 7 healthy of 7: ") and "nvidia3 is present and opens, but NVML lists no GPU of minor 3" in r["msg"]
+        assert (
+            r["lines"][0].startswith("expected 8 GPUs, found 7 healthy of 7: ") and "nvidia3 is present and opens, but NVML lists no GPU of minor 3" in r["msg"]
+        )
         [f] = [f for f in r["health"]["findings"] if f["name"] == "device_missing"]
         assert (f["verdict"], f["where"], r["health"]["verdict"]) == ("fix_config", "configuration", "fix_config")
         no_reset(r)
