@@ -552,10 +552,15 @@ def start(prober: _probe.Prober, device_dir: str) -> list[Gpu]:
     try:
         return prober.start()
     except CleanSlateError as exc:
-        if exc.reason not in _reasons.NVML or exc.reason == _reasons.DRIVER_HUNG:
+        # No library, or one of another version, or a hung driver: the driver's own state, whatever the files say.
+        if exc.reason not in _reasons.NVML or exc.reason in (_reasons.DRIVER_HUNG, _reasons.LIBRARY_NOT_FOUND, _reasons.DRIVER_LIBRARY_MISMATCH):
             raise
-        ctl = _cuda_program.node(os.path.join(device_dir, "nvidiactl"), (_cuda_program.CTL, _cuda_program.CTL_MINOR))
-        if ctl["ok"] or not os.path.isdir(device_dir):
+        majors = _cuda_program.char_majors()
+        ctl = _cuda_program.node(os.path.join(device_dir, "nvidiactl"), (_cuda_program.CTL, _cuda_program.CTL_MINOR), majors)
+        # An absent node is the configuration's fault only where the kernel has the driver loaded (/proc/devices lists
+        # it): on a node without the driver it is the driver that is missing.
+        loaded = _cuda_program.driver_major(_cuda_program.FRONTEND, majors) is not None
+        if ctl["ok"] or not os.path.isdir(device_dir) or (ctl["fault"] == "absent" and not loaded):
             raise
         raise CleanSlateError(
             f"{exc.msg.rstrip('.')}: {ctl['why']}. {_findings.FINDINGS[_reasons.DEVICE_MISSING].fix}",
