@@ -154,7 +154,7 @@ SCENARIOS = [
 def sh(cmd: str, timeout: float = 60) -> dict:
     t0 = time.monotonic()
     try:
-        r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout, check=False)
         return {"cmd": cmd, "rc": r.returncode, "out": r.stdout, "err": r.stderr[-2000:], "s": round(time.monotonic() - t0, 3)}
     except subprocess.TimeoutExpired:
         return {"cmd": cmd, "rc": None, "out": "", "err": "timeout", "s": timeout}
@@ -162,7 +162,11 @@ def sh(cmd: str, timeout: float = 60) -> dict:
 
 def scenario(spec: dict) -> dict:
     r = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-I", "-c", PROBE, json.dumps(spec)], capture_output=True, text=True, timeout=120
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-I", "-c", PROBE, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
@@ -180,7 +184,7 @@ def readings() -> dict:
     def ask(name, fn, *args):
         times = []
         value = None
-        for _ in range(20):
+        for _repeat in range(20):
             t0 = time.perf_counter()
             try:
                 value = fn(*args)
@@ -340,7 +344,7 @@ def main() -> int:
         fh.write(q["out"])
     facts["readings"] = readings()
     facts["pcie_idle_busy"] = pcie_idle_busy()
-    r = subprocess.run([sys.executable, "-c", PEER], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", PEER], capture_output=True, text=True, timeout=120, check=False)
     facts["peer_one_gpu"] = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {"rc": r.returncode, "err": r.stderr[-2000:]}
     facts["scenarios"] = [scenario(s) for s in SCENARIOS]
     path = os.path.join(args.out, "round4-facts.json")
