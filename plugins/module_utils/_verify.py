@@ -978,8 +978,18 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
     # Every NVML call runs in a helper process under a deadline (_probe): a hung driver costs at most
     # probe_timeout per call, and all of it ends NVML_GRACE_S after the later of timeout and probe_timeout.
     end = time.monotonic() + max(p["timeout"], p["probe_timeout"]) + NVML_GRACE_S
+    # Where the seconds go (tools/bench/profile.py): each step's, from the one before.
+    timings: dict[str, float] = {}
+    mark = [time.monotonic()]
+
+    def lap(name: str) -> None:
+        now = time.monotonic()
+        timings[name] = round(now - mark[0], 4)
+        mark[0] = now
+
     with _probe.Prober(p["probe_timeout"], end=end) as prober:
         every = start(prober, p["device_dir"])
+        lap("nvml_start")
         selected = _nvml.select_gpus(every, selectors)
         criteria = Criteria(max_used_mib=p["max_used_mib"], require_no_processes=p["require_no_processes"])
         outcome = poll_until_clean(
@@ -992,6 +1002,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
             every_gpu=every,
             health=p.get("health", False),
         )
+        lap("poll")
         cuda_probe = software = None
         if p.get("cuda_probe") or p.get("health"):
             modes = gpu_modes(prober, selected)
@@ -1010,12 +1021,15 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
                     devices, cuda_probe = startability(starts, look)
                 else:
                     devices = look()
+            lap("cuda")
             if p.get("health"):
                 software = software_checks(prober, outcome, selected, devices)
+                lap("software")
         try:
             driver = prober.call(NvmlSession.driver_version)
         except CleanSlateError:
             driver = None
+    lap("nvml_end")
     if prober.left_behind:
         outcome.notes.append(
             f"NVML helper process(es) {', '.join(map(str, prober.left_behind))} did not die of SIGKILL within {_probe.REAP_WAIT_S} s (stuck in the"
@@ -1032,6 +1046,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
     shortfall = device_shortfall(p["device_dir"], every) if (short or unlisted) and not p.get("containers") else []
     found = (software["findings"] if software else []) + [f for f in shortfall if f["verdict"] != _findings.NONE]
     health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command, found) if p.get("health") else None
+    lap("health")
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
@@ -1040,6 +1055,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
     resets = reset_wanted(outcome, health)
     reports = [{**r, "fabric": (h or {}).get("fabric")} for r, h in zip(outcome.gpus, outcome.health or [None] * len(outcome.gpus))]
     plan = _reset.plan(resets, reports, p["device_dir"], p.get("containers") or []) if resets and not module.check_mode else None
+    lap("reset_plan")
     elapsed = time.monotonic() - began
     reason, lines = verdict(outcome, every, len(selected), p["expected_count"], shortfall, elapsed)
     if health is not None and health["verdict"] != _health.OK:
@@ -1076,6 +1092,7 @@ def run(module: t.Any, in_container: InContainer | None = None) -> dict[str, t.A
         "python": python_facts(),
         "health": health,
         "reset_plan": plan,
+        "timings": timings,
         "cuda_probe": cuda_probe,
         "software": software,
     }

@@ -294,6 +294,13 @@ cuda_s:
   returned: always
   type: float
   sample: 0.61
+timings:
+  description:
+    - Where RV(elapsed_s) went, step by step - C(nvml_start) (the NVML helper's start and the GPUs' identities), C(poll),
+      C(cuda) (the device files and the CUDA start with its settling), C(software), C(nvml_end), C(health) (the kernel
+      log and the verdict), C(reset_plan). For a profile of a run; nothing depends on it.
+  returned: always
+  type: dict
 time_to_clean_s:
   description: Seconds until every selected GPU was clean; null when they never were.
   returned: always
