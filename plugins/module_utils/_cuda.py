@@ -176,7 +176,9 @@ def _why(
     # The device files first: a node that is absent, another device's or refused is the configuration's fault whatever
     # error code CUDA gives for it (999 from cuInit for a wrong nvidia-uvm, 100 for a missing nvidiactl).
     if not uvm["ok"]:
-        return _reasons.UVM_MISSING, f"{said}: {uvm['why']}. NVML works without nvidia-uvm; every CUDA start needs it."
+        major = devices.get("uvm_major")
+        number = f" (nvidia-uvm's major is {major} on this kernel, from /proc/devices: dynamic, not the GPUs' 195)" if major else ""
+        return _reasons.UVM_MISSING, f"{said}: {uvm['why']}{number}. NVML works without nvidia-uvm; every CUDA start needs it."
     if not ctl["ok"]:
         return _reasons.DEVICE_MISSING, f"{said}: {ctl['why']}. No CUDA program can start without the control device."
     if not node["ok"] and code in (100, 101, 999, None):

@@ -90,7 +90,7 @@ CTL_MINOR = 255
 
 def char_majors() -> "dict[int, str]":
     """The character devices' majors and the drivers /proc/devices names for them ({} when it cannot be read)."""
-    out = {}  # type: dict[int, str]
+    out: dict[int, str] = {}  # a local's annotation is never evaluated, on 3.6 too
     try:
         with open("/proc/devices", encoding="utf-8") as fh:
             block = False
@@ -541,7 +541,10 @@ class _Running:
         self.uuid = ""  # a start helper's GPU
 
     def tell(self, word: "dict[str, t.Any]") -> None:
-        os.write(self.go, (json.dumps(word) + "\n").encode())
+        try:
+            os.write(self.go, (json.dumps(word) + "\n").encode())
+        except OSError:
+            pass  # it answered already (libcuda could not be loaded, cuInit failed) and ended, or died: its pipe says which
 
     def dismiss(self) -> None:
         if self.go >= 0:

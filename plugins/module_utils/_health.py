@@ -68,7 +68,7 @@ FAIL_ON_CHOICES = (*VERDICTS, NEVER)
 #: What each verdict asks for, said once after the findings (each finding's own fix is in _findings.FINDINGS).
 ADVICE = {
     RESTART_APP: "the GPUs work; the application, or a setting it left, must be dealt with (each finding says how).",
-    FIX_CONFIG: "fix the configuration each finding names; no GPU reset or reboot fixes it, and none is needed.",
+    FIX_CONFIG: "fix the configuration each finding names, on the node or in the container: the GPUs themselves need nothing.",
     RESET_GPU: "reset the GPUs the reset plan names, from where it says, or reboot the node.",
     REBOOT: "drain the node and reboot it (a GPU reset cannot recover this).",
     DRAIN: "drain the node and keep it out of service: the GPU needs NVIDIA's field diagnosis (and likely an RMA), or its peers' P2P traffic must stop first.",
@@ -752,11 +752,13 @@ def grouped(found: t.Sequence[t.Mapping[str, t.Any]]) -> list[dict[str, t.Any]]:
 
 def lines(findings: t.Sequence[t.Mapping[str, t.Any]], said: t.Container[str] = ()) -> list[str]:
     """A line per distinct finding (:func:`grouped`): the GPUs, the name and verdict, the sentence, and the fix once per
-    name (the first line of that name says it). Findings named in ``said`` are left out (the message said them)."""
+    name (the first line of that name says it). Findings named in ``said`` are left out (the message said them), and so
+    are warnings (``ok``)."""
     out = []
     fixed: set[str] = set()
     for f in findings:
-        if f["name"] in said:
+        # A warning (ok) changes no verdict: it stays in the findings and the report, not in the message.
+        if f["name"] in said or f["verdict"] == OK:
             continue
         where = f"{gpu_list(f['gpus'])}: " if f.get("gpus") else ""
         fix = f" Fix: {f['fix']}" if f.get("fix") and f["name"] not in fixed else ""

@@ -57,7 +57,8 @@ def text(r: t.Mapping[str, t.Any], host: str, seconds: float, now: float) -> str
         '# HELP clean_slate_last_run_info Phase and reason of the last run (phase done and reason "" when clean).',
         "# TYPE clean_slate_last_run_info gauge",
         f'clean_slate_last_run_info{{{h},phase="{_label(r.get("phase", ""))}",reason="{_label(r.get("reason", ""))}"}} 1',
-        "# HELP clean_slate_last_run_health Health verdict of the last run: 0 ok, 1 restart_app, 2 fix_config, 3 reset_gpu, 4 reboot, 5 drain (no sample when not judged).",
+        "# HELP clean_slate_last_run_health Health verdict of the last run: 0 ok, 1 restart_app, 2 fix_config, 3 reset_gpu, 4 reboot, 5 drain"
+        " (no sample when not judged).",
         "# TYPE clean_slate_last_run_health gauge",
     ]
     health = r.get("health")

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import shlex
 import time
 import typing as t
@@ -360,13 +361,15 @@ def run(module: t.Any) -> dict[str, t.Any]:
     """The clean_slate_node module: the selected phases in order, stopping at the first failure; then the metrics."""
     start = time.monotonic()
     started = datetime.datetime.now()
+    # Before anything of the module's own: the interpreter's start and the payload's import (tools/bench/profile.py).
+    before_run = since_process_start()
     p = module.params
     metrics = p["metrics"]
     if metrics:
         why = _metrics.directory_problem(metrics["dir"])
         if why:
             raise CleanSlateError(f"metrics.dir: {why}", reason=_reasons.BAD_ARGUMENTS, option="metrics.dir", phase="arguments")
-    out: dict[str, t.Any] = {"changed": False, "phases": [], "python": _verify.python_facts()}
+    out: dict[str, t.Any] = {"changed": False, "phases": [], "python": _verify.python_facts(), "timings": {"before_run": before_run}}
     failure: dict[str, t.Any] = {}
     if p["stop"]:
         # The role stopped this host before the clean; the run only records it.
@@ -387,7 +390,8 @@ def run(module: t.Any) -> dict[str, t.Any]:
             out["diff"] = diffs
         out["msg"] = "; ".join(f"{n}: {out[n]['msg']}" for n in ("before", "kill", "residue", "restore", "verify") if out.get(n, {}).get("msg"))
     if metrics and not module.check_mode:
-        written = write_metrics(p, {**out, **failure}, metrics, time.monotonic() - start)
+        with timed(out["timings"], "metrics"):
+            written = write_metrics(p, {**out, **failure}, metrics, time.monotonic() - start)
         out["metrics"] = written
         if written.get("failed") and not failure:
             failure = {"phase": "report", "reason": _reasons.METRICS_NOT_WRITTEN, "msg": written["msg"]}
@@ -415,9 +419,31 @@ def write_metrics(p: t.Mapping[str, t.Any], run: dict[str, t.Any], metrics: t.Ma
     return {"path": target, "clean": r["clean"]}
 
 
+def since_process_start() -> float | None:
+    """Seconds since this process started (/proc/self/stat's start time against the boot clock, to the clock tick): what
+    the interpreter's start and the payload's import took before the module's own code ran."""
+    try:
+        with open("/proc/self/stat", encoding="ascii", errors="replace") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        return round(time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], name: str) -> t.Iterator[None]:
+    """``timings[name]``: the seconds the block took (the profile of a run, tools/bench/profile.py)."""
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[name] = round(time.monotonic() - began, 4)
+
+
 def steps(module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: dict[str, dict[str, t.Any]], out: dict[str, t.Any]) -> None:
-    """Run the phases into ``out``; raises :class:`Stop` at the first that fails. The verification's CUDA helpers are
-    forked once the GPUs were read, before the kill (:func:`early_starts`), and never outlive the run."""
+    """Run the phases into ``out``; raises :class:`Stop` at the first that fails. Each phase's seconds go to
+    ``out["timings"]``. The verification's CUDA helpers are forked once the GPUs were read, before the kill
+    (:func:`early_starts`), and never outlive the run."""
     with contextlib.ExitStack() as stack:
         _steps(module, p, phases, params, out, stack)
 
@@ -426,9 +452,11 @@ def _steps(
     module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: dict[str, dict[str, t.Any]], out: dict[str, t.Any], stack: contextlib.ExitStack
 ) -> None:
     early = None
+    timings = out.setdefault("timings", {})
     allow_name_only = "kill" in phases and params["kill"]["allow_name_only"]
     if "preflight" in phases:
-        before = out["before"] = verify_phase(module, params["preflight"])
+        with timed(timings, "preflight"):
+            before = out["before"] = verify_phase(module, params["preflight"])
         if before.get("failed"):
             unreadable = before.get("reason", before.get("diagnosis")) in UNREADABLE
             if not (allow_name_only and unreadable):
@@ -450,28 +478,34 @@ def _steps(
             }
             raise Stop("kill", guard)
         if p["pre_stop"]:
-            plan = out["plan"] = kill_phase(module, params["kill"], True)
+            with timed(timings, "plan"):
+                plan = out["plan"] = kill_phase(module, params["kill"], True)
             if plan.get("failed"):
                 raise Stop("pre_stop", plan)
             if plan.get("targets"):
-                ran = out["pre_stop"] = run_pre_stop(module, p["pre_stop"], p["pre_stop_timeout"], p["containers"], module.check_mode)
+                with timed(timings, "pre_stop"):
+                    ran = out["pre_stop"] = run_pre_stop(module, p["pre_stop"], p["pre_stop_timeout"], p["containers"], module.check_mode)
                 if ran and ran[-1].get("failed"):
                     raise Stop("pre_stop", ran[-1])
-        kill = out["kill"] = kill_phase(module, params["kill"], module.check_mode)
+        with timed(timings, "kill"):
+            kill = out["kill"] = kill_phase(module, params["kill"], module.check_mode)
         if kill.get("failed"):
             raise Stop("kill", kill)
     if "residue" in phases:
-        residue = out["residue"] = residue_phase(module, params["residue"])
+        with timed(timings, "residue"):
+            residue = out["residue"] = residue_phase(module, params["residue"])
         if residue.get("failed"):
             raise Stop("residue", residue)
     if "restore" in phases:
-        restore = out["restore"] = restore_phase(module, params["restore"])
+        with timed(timings, "restore"):
+            restore = out["restore"] = restore_phase(module, params["restore"])
         if restore.get("failed"):
             if not module.check_mode:
                 raise Stop("restore", restore)
             # In check mode nothing was ended, so a GPU still in use is the expected picture, not a failure.
             restore["failed"] = False
     if "verify" in phases:
-        verify = out["verify"] = verify_phase(module, params["verify"], early)
+        with timed(timings, "verify"):
+            verify = out["verify"] = verify_phase(module, params["verify"], early)
         if verify.get("failed"):
             raise Stop("verify", verify)

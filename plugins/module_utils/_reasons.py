@@ -139,7 +139,8 @@ UNRESPONSIVE = "unresponsive"
 # error code and what to do in its detail (gpus[].startable has the whole answer).
 #: /dev/nvidia-uvm is absent or cannot be opened: NVML works, every CUDA start fails (cuInit: CUDA_ERROR_UNKNOWN).
 UVM_MISSING = "uvm_missing"
-#: The GPU's device file (or nvidiactl) is absent or cannot be opened here.
+#: The GPU's device file (or nvidiactl) is absent, another device's or refused here. Also gpu_mem_verify's failure when
+#: NVML cannot open because nvidiactl is (a configuration fault, never a driver to reload).
 DEVICE_MISSING = "device_missing"
 #: libcuda.so.1 cannot be loaded: NVML works, no CUDA program can start.
 NO_LIBCUDA = "no_libcuda"
@@ -226,7 +227,7 @@ ROLE = (
 #: The reasons each module can fail with; each module's RETURN documentation lists exactly these.
 MODULES: dict[str, tuple[str, ...]] = {
     "gpu_procs_kill": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, *CONTAINERS, NO_DISCOVERY_SOURCE, UNKILLABLE, HOLDERS_REMAIN, *NVML),
-    "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, UNHEALTHY, NOT_READY_TOGETHER, *NVML),
+    "gpu_mem_verify": (BAD_ARGUMENTS, MISSING_LIBRARY, INTERNAL_ERROR, NOT_CLEAN, MISSING_GPUS, UNHEALTHY, NOT_READY_TOGETHER, *NVML, DEVICE_MISSING),
     "gpu_job_residue": (BAD_ARGUMENTS, INTERNAL_ERROR, *CONTAINERS, PORT_IN_USE, PORT_CONNECTED, PORT_TIME_WAIT, REMOVE_FAILED, SCAN_INCOMPLETE),
     "clean_slate_node": (
         BAD_ARGUMENTS,
@@ -243,6 +244,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         UNHEALTHY,
         NOT_READY_TOGETHER,
         *NVML,
+        DEVICE_MISSING,
         PORT_IN_USE,
         PORT_CONNECTED,
         PORT_TIME_WAIT,

@@ -565,6 +565,31 @@ def reset_wanted(outcome: Outcome, health: t.Mapping[str, t.Any] | None) -> dict
     return out
 
 
+def start(prober: _probe.Prober, device_dir: str) -> list[Gpu]:
+    """NVML opened and every GPU read (:meth:`._probe.Prober.start`). When NVML cannot open because nvidiactl is absent,
+    another device's or refused here (a container's passthrough: nvmlInit answers NVML_ERROR_OPERATING_SYSTEM for
+    /dev/null's numbers on an H100, a driver-not-loaded for none), the failure is that configuration fault,
+    ``device_missing``, with the node's facts and its fix, never a driver to reload or a node to reboot."""
+    try:
+        return prober.start()
+    except CleanSlateError as exc:
+        # No library, or one of another version, or a hung driver: the driver's own state, whatever the files say.
+        if exc.reason not in _reasons.NVML or exc.reason in (_reasons.DRIVER_HUNG, _reasons.LIBRARY_NOT_FOUND, _reasons.DRIVER_LIBRARY_MISMATCH):
+            raise
+        majors = _cuda_program.char_majors()
+        ctl = _cuda_program.node(os.path.join(device_dir, "nvidiactl"), (_cuda_program.CTL, _cuda_program.CTL_MINOR), majors)
+        # An absent node is the configuration's fault only where the kernel has the driver loaded (/proc/devices lists
+        # it): on a node without the driver it is the driver that is missing.
+        loaded = _cuda_program.driver_major(_cuda_program.FRONTEND, majors) is not None
+        if ctl["ok"] or not os.path.isdir(device_dir) or (ctl["fault"] == "absent" and not loaded):
+            raise
+        raise CleanSlateError(
+            f"{exc.msg.rstrip('.')}: {ctl['why']}. {_findings.FINDINGS[_reasons.DEVICE_MISSING].fix}",
+            reason=_reasons.DEVICE_MISSING,
+            **{**exc.details, "nvml_reason": exc.reason, "device": ctl},
+        ) from None
+
+
 def healthy_count(every_gpu: list[Gpu]) -> int:
     """The GPUs NVML lists that did not fall off the bus (a lost GPU still counts in the driver's total)."""
     return sum(1 for g in every_gpu if g.error is None or g.error.reason != _reasons.GPU_LOST)
@@ -1015,9 +1040,19 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
     # Every NVML call runs in a helper process under a deadline (_probe): a hung driver costs at most
     # probe_timeout per call, and all of it ends NVML_GRACE_S after the later of timeout and probe_timeout.
     end = time.monotonic() + max(p["timeout"], p["probe_timeout"]) + NVML_GRACE_S
+    # Where the seconds go (tools/bench/profile.py): each step's, from the one before.
+    timings: dict[str, float] = {}
+    mark = [time.monotonic()]
+
+    def lap(name: str) -> None:
+        now = time.monotonic()
+        timings[name] = round(now - mark[0], 4)
+        mark[0] = now
+
     with contextlib.ExitStack() as stack:
         prober = stack.enter_context(_probe.Prober(p["probe_timeout"], end=end))
-        every = prober.start()
+        every = start(prober, p["device_dir"])
+        lap("nvml_start")
         selected = _nvml.select_gpus(every, selectors)
         if early is None:
             # Forked now, the starts' cuInit runs while NVML is polled (clean_slate_node forks them before its kill).
@@ -1036,6 +1071,7 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
             health=p.get("health", False),
             helpers=early.pids if early is not None else (),
         )
+        lap("poll")
         cuda_probe = software = together = None
         if p.get("cuda_probe") or p.get("health"):
             modes = gpu_modes(prober, selected)
@@ -1058,13 +1094,17 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
                 else:
                     devices = look()
                 check.look_here(every)
+            lap("cuda")
             if p.get("health"):
                 software = software_checks(prober, outcome, selected, devices)
+                lap("software")
             together = check.judge({r["index"]: r.get("startable") or {} for r in outcome.gpus}, p["cuda_probe_timeout"])
+            lap("together")
         try:
             driver = prober.call(NvmlSession.driver_version)
         except CleanSlateError:
             driver = None
+    lap("nvml_end")
     if prober.left_behind:
         outcome.notes.append(
             f"NVML helper process(es) {', '.join(map(str, prober.left_behind))} did not die of SIGKILL within {_probe.REAP_WAIT_S} s (stuck in the"
@@ -1082,6 +1122,7 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
     found = (software["findings"] if software else []) + [f for f in shortfall if f["verdict"] != _findings.NONE]
     found += together["findings"] if together else []
     health = judge_health(outcome, every, since, p["kernel_log"], p["fail_on"], module.run_command, found) if p.get("health") else None
+    lap("health")
     if outcome.unreadable:
         module.warn(
             f"{outcome.unreadable} process(es) could not be inspected for device files (permission): a holder among them is named only if NVML"
@@ -1090,6 +1131,7 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
     resets = reset_wanted(outcome, health)
     reports = [{**r, "fabric": (h or {}).get("fabric")} for r, h in zip(outcome.gpus, outcome.health or [None] * len(outcome.gpus))]
     plan = _reset.plan(resets, reports, p["device_dir"], p.get("containers") or []) if resets and not module.check_mode else None
+    lap("reset_plan")
     elapsed = time.monotonic() - began
     reason, lines = verdict(outcome, every, len(selected), p["expected_count"], shortfall, elapsed)
     if reason is None and together is not None and not together["ready"]:
@@ -1101,7 +1143,8 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
         fails = reason is None and _health.fails(health["verdict"], p["fail_on"])
         lines.append(f"Health: {health['verdict']}" + (f" (fail_on is {p['fail_on']})." if fails else "."))
         lines += _health.lines(health["findings"], said)
-        lines.append(_health.advice(health["verdict"]).capitalize())
+        advice = _health.advice(health["verdict"])
+        lines.append(advice[:1].upper() + advice[1:])
         if fails:
             reason = _reasons.UNHEALTHY
     if plan:
@@ -1128,6 +1171,7 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
         "python": python_facts(),
         "health": health,
         "reset_plan": plan,
+        "timings": timings,
         "cuda_probe": cuda_probe,
         "software": software,
         "together": together,

@@ -79,8 +79,7 @@ XID_78 = (
     " NVSentinel: CONTACT_SUPPORT, a human decides)"
 )
 XID_159 = (
-    'catalog: CHECK_UVM ("if UVM/vGPU is being utilized, RESET_GPU; otherwise IGNORE"): every CUDA context uses UVM, so RESET_GPU;'
-    " NVSentinel: CONTACT_SUPPORT"
+    'catalog: CHECK_UVM ("if UVM/vGPU is being utilized, RESET_GPU; otherwise IGNORE"): every CUDA context uses UVM, so RESET_GPU; NVSentinel: CONTACT_SUPPORT'
 )
 #: The Xids the catalog marks "Unused" on Ampere and newer GPUs: its immediate action is CONTACT_SUPPORT.
 UNUSED = (

@@ -255,7 +255,7 @@ reason:
     - Why the module failed, the failed phase's reason - V(gpus_not_read), V(command_failed) (a pre-stop command),
       those of M(gpuops.clean_slate.gpu_mem_verify) (V(not_clean), V(missing_gpus), V(unhealthy), V(not_ready_together), V(library_not_found),
       V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
-      V(needs_reset), V(nvml_error), V(driver_hung)), of M(gpuops.clean_slate.gpu_procs_kill) (V(no_discovery_source), V(unkillable),
+      V(needs_reset), V(nvml_error), V(driver_hung), V(device_missing)), of M(gpuops.clean_slate.gpu_procs_kill) (V(no_discovery_source), V(unkillable),
       V(holders_remain)), of M(gpuops.clean_slate.gpu_job_residue) (V(port_in_use), V(port_connected),
       V(port_time_wait), V(remove_failed), V(scan_incomplete)), of M(gpuops.clean_slate.gpu_mode_restore) (V(busy),
       V(restore_failed)), V(not_running), V(no_such_container) or V(pct_failed)
@@ -280,6 +280,15 @@ elapsed_s:
   returned: always
   type: float
   sample: 1.24
+timings:
+  description:
+    - Where the seconds went - C(before_run) (from the process's start to the module's own code - the interpreter's
+      start and the payload's import, to the kernel's clock tick), then each phase that ran (C(preflight), C(plan),
+      C(pre_stop), C(kill), C(residue), C(restore), C(verify)) and C(metrics). For a profile of a run
+      (tools/bench/profile.py); nothing depends on it.
+  returned: always
+  type: dict
+  sample: {"before_run": 0.21, "preflight": 0.09, "kill": 0.05, "residue": 0.12, "verify": 0.72}
 """
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _node

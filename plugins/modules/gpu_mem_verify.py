@@ -131,7 +131,7 @@ options:
         verdicts, from best to worst, are V(ok), V(restart_app), V(fix_config), V(reset_gpu), V(reboot) and V(drain);
         V(never) only reports.
       - V(fix_config) is a configuration fault no reset or reboot fixes (a device file absent, another device's or refused,
-        C(nvidia-uvm), C(libcuda.so.1), a variable DCGM flags, C(nvidia-fabricmanager)): its fix is the configuration.
+        C(nvidia-uvm), C(libcuda.so.1), a variable DCGM flags, C(nvidia-fabricmanager)), fixed in the configuration.
       - A host fails when its verdict is a finding (anything but V(ok)) at or above O(fail_on). A healthy host never
         fails for its health, so V(ok) fails on any finding, as V(restart_app) does. V(reset_gpu) and above leave a
         configuration fault reported only (a GPU whose CUDA start it broke is not clean, whatever O(fail_on) says).
@@ -382,10 +382,17 @@ poll_s:
   type: float
   sample: 0.003
 cuda_s:
-  description: Seconds of it spent on the CUDA start (RV(cuda_probe.elapsed_s)); null with O(cuda_probe=false).
+  description: Seconds of it spent on the CUDA start (C(elapsed_s) of RV(cuda_probe)); null with O(cuda_probe=false).
   returned: always
   type: float
   sample: 0.61
+timings:
+  description:
+    - Where RV(elapsed_s) went, step by step - C(nvml_start) (the NVML helper's start and the GPUs' identities), C(poll),
+      C(cuda) (the device files and the CUDA start with its settling), C(software), C(nvml_end), C(health) (the kernel
+      log and the verdict), C(reset_plan). For a profile of a run; nothing depends on it.
+  returned: always
+  type: dict
 time_to_clean_s:
   description: Seconds until every selected GPU was clean; null when they never were.
   returned: always
@@ -453,7 +460,9 @@ reason:
       V(missing_library), V(internal_error), or, when the GPUs cannot be read, V(library_not_found),
       V(driver_not_loaded), V(driver_library_mismatch), V(no_permission), V(not_supported), V(timeout), V(gpu_lost),
       V(needs_reset), V(nvml_error) (NVML failed; the message says why and what to do) or V(driver_hung) (NVML did not
-      even open within O(probe_timeout), so the driver is hung; reboot the node).
+      even open within O(probe_timeout), so the driver is hung; reboot the node); V(device_missing) when NVML cannot open
+      because C(nvidiactl) is absent, another device's or refused here (a configuration fault; C(nvml_reason) keeps
+      NVML's own).
     - The failure shape all the collection's modules share (RV(reason), RV(msg), details); the user guide lists every reason.
   returned: failure
   type: str

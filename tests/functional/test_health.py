@@ -21,7 +21,8 @@ def test_an_idle_h200_node_is_ok_with_every_reading_an_h200_gives(mod, node) -> 
     r = verify(mod)
     assert r["_status"] == "ok", r
     h = r["health"]
-    assert (h["verdict"], h["fail_on"], h["evidence"]) == ("ok", "reset_gpu", [])
+    assert (h["verdict"], h["fail_on"], h["evidence"], h["findings"]) == ("ok", "fix_config", [], [])
+    assert r["reset_plan"] is None and r["elapsed_s"] >= r["cuda_s"] > 0 and r["elapsed_s"] >= r["poll_s"]
     # An HGX H200 has a fabric; it is up, so a fabric manager that is not running is no finding.
     assert h["host"] == {
         "mps_daemon": [],
@@ -38,7 +39,7 @@ def test_an_idle_h200_node_is_ok_with_every_reading_an_h200_gives(mod, node) -> 
             # Page retirement ended with Volta: an H200 answers NOT_SUPPORTED, which is null, not a guess.
             "retired_pages": None,
             "ecc_volatile_uncorrected": 0,
-            "fabric": {"state": "completed", "status": 0},
+            "fabric": {"state": "completed", "status": 0, "cluster_uuid": "5a0000000000000000000000000000a5", "clique_id": 1},
             "compute_mode": "default",
             "mig_mode": {"current": False, "pending": False},
             "persistence_mode": True,
@@ -72,8 +73,17 @@ def test_a_pending_row_remap_is_reset_gpu_and_fails_at_the_default_threshold(mod
     g4 = r["gpus"][4]["health"]
     assert g4["verdict"] == "reset_gpu"
     assert g4["readings"]["remapped_rows"] == {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}
-    assert "row remapping is pending" in g4["evidence"][0]
-    assert "nvidia-smi -r" in r["msg"] and "fail_on is reset_gpu" in r["msg"]
+    assert "row remapping is pending" in g4["evidence"][0] and g4["findings"][0]["name"] == "row_remap_pending"
+    assert "fail_on is fix_config" in r["msg"]
+    # The advisory reset plan: GPU 4 alone (an HGX H200: from Hopper on each GPU alone), on this host, by its bus ID,
+    # the daemon that holds it stopped before and started after; nothing was reset.
+    plan = r["reset_plan"]
+    assert plan["advisory"] is True and [(g["index"], g["why"]) for g in plan["gpus"]] == [(4, ["row_remap_pending"])]
+    assert plan["where"] == "this host" and plan["together"] == ""
+    bus = r["gpus"][4]["pci_bus_id"]
+    reset = [c for c in plan["commands"] if c.startswith("nvidia-smi -r")]
+    assert [c.split("  #")[0] for c in reset] == [f"nvidia-smi -r -i {bus}"] and f"nvidia-smi -r -i {bus}" in r["msg"]
+    assert r["lines"][-2].startswith("Reset plan (advisory: nothing was reset): reset GPU 4, on this host")
     assert_no_traceback(r)
     # fail_on: never reports the same verdict without failing.
     r = verify(mod, fail_on="never")
@@ -129,19 +139,25 @@ def test_one_xid_of_each_bucket_on_a_gpu_each_gives_the_catalogs_verdict(mod, no
         4: ("RESTART_APP", "restart_app"),
         5: ("CONTACT_SUPPORT", "drain"),
         6: ("CHECK_MECHANICALS", "drain"),
-        7: ("UNKNOWN", "reset_gpu"),
+        # Unused on these GPUs: the catalog's (and NVSentinel's) CONTACT_SUPPORT.
+        7: ("CONTACT_SUPPORT", "drain"),
     }
-    assert any("Xid 57" in e and "not in the collection's table" in e for e in r["health"]["evidence"])
+    # An Xid the catalog gives no action yet (166) is treated as a reset, and says so.
+    node.xid(7, 166)
+    r = verify(mod, since=since, fail_on="never")
+    assert [(e["xid"], e["bucket"]) for e in r["gpus"][7]["health"]["readings"]["xid"]] == [(57, "CONTACT_SUPPORT"), (166, "UNKNOWN")]
+    assert any("Xid 166" in e and "not in the collection's table" in e for e in r["health"]["evidence"])
 
 
-def test_a_fabric_not_up_without_fabric_manager_is_reset_gpu_and_says_start_it(mod, node, sandbox) -> None:
+def test_a_fabric_not_up_without_fabric_manager_is_fix_config_and_says_start_it(mod, node, sandbox) -> None:
     node.set_health([0, 1], fabric_state="in_progress")
     r = verify(mod)
     # CUDA cannot start there (error 802): the GPUs are not clean, whatever the health verdict says (issue 29).
     assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
     assert [g["diagnosis"] for g in r["gpus"][:3]] == ["fabric_not_ready", "fabric_not_ready", "clean"]
-    assert r["gpus"][0]["startable"]["code"] == 802 and r["health"]["verdict"] == "reset_gpu"
-    assert r["gpus"][0]["health"]["readings"]["fabric"] == {"state": "in_progress", "status": 0}
+    # Fabric Manager brings the fabric up, not a reset: a configuration fault, no reset plan.
+    assert r["gpus"][0]["startable"]["code"] == 802 and r["health"]["verdict"] == "fix_config" and r["reset_plan"] is None
+    assert {k: r["gpus"][0]["health"]["readings"]["fabric"][k] for k in ("state", "status")} == {"state": "in_progress", "status": 0}
     assert r["health"]["host"]["fabricmanager"] == "not_running"
     assert any("nvidia-fabricmanager is not running" in e for e in r["health"]["evidence"])
     # With the fabric manager running (a stand-in process of that name), the GPUs still wait for it.
@@ -149,7 +165,7 @@ def test_a_fabric_not_up_without_fabric_manager_is_reset_gpu_and_says_start_it(m
     r = verify(mod)
     assert r["health"]["host"]["fabricmanager"] == "running"
     assert not any("nvidia-fabricmanager is not running" in e for e in r["health"]["evidence"])
-    assert r["gpus"][1]["health"]["verdict"] == "reset_gpu"
+    assert r["gpus"][1]["health"]["verdict"] == "fix_config"
 
 
 def test_exclusive_compute_mode_and_an_mps_daemon_left_behind_are_restart_app(mod, node, sandbox) -> None:

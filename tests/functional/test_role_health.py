@@ -80,7 +80,7 @@ def test_the_verdict_is_in_every_record_and_a_host_at_the_threshold_is_red(nodes
     assert not any(w.alive() for w in workers)
     e = entries(run)
 
-    assert e["healthy"]["clean"] is True and e["healthy"]["health"] == {"verdict": "ok", "evidence": []}
+    assert e["healthy"]["clean"] is True and e["healthy"]["health"] == {"verdict": "ok", "evidence": [], "findings": []}
     assert "; health:" not in summary(run, "healthy")
 
     # Below the threshold: green, and the summary line says what to look at.
@@ -92,18 +92,22 @@ def test_the_verdict_is_in_every_record_and_a_host_at_the_threshold_is_red(nodes
     red = e["remap"]
     assert (red["clean"], red["phase"], red["reason"]) == (False, "verify", "unhealthy"), red
     assert red["health"]["verdict"] == "reset_gpu" and "row remapping is pending" in red["health"]["evidence"][0]
-    assert "nvidia-smi -r" in red["msg"] and red["failure"] == red["msg"]
+    assert "nvidia-smi -r -i" in red["msg"] and red["failure"] == red["msg"]
+    # The advisory reset plan reaches every record: set_stats' entry, the JSON report (below) and the metrics.
+    assert [g["index"] for g in red["reset_plan"]["gpus"]] == [1] and red["reset_plan"]["where"] == "this host"
     line = summary(run, "remap")
     assert line == red["summary"] and "; health: reset_gpu - FAILED in verify (unhealthy): " in line
     assert run.stats["stats"]["remap"]["failures"] == 1
     report = json.loads((reports / "remap.json").read_text())
-    assert report["reason"] == "unhealthy" and report["health"] == red["health"]
+    assert report["reason"] == "unhealthy" and report["health"] == red["health"] and report["reset_plan"] == red["reset_plan"]
     assert json.loads((reports / "app_xid.json").read_text())["health"]["verdict"] == "restart_app"
     # node_exporter metrics, parsed as Prometheus parses them: the verdict by its rank, labelled with its name.
-    for name, verdict, rank in (("healthy", "ok", 0), ("app_xid", "restart_app", 1), ("remap", "reset_gpu", 2)):
+    for name, verdict, rank in (("healthy", "ok", 0), ("app_xid", "restart_app", 1), ("remap", "reset_gpu", 3)):
         fams = {f.name: f for f in text_string_to_metric_families((metrics / f"clean_slate_{name}.prom").read_text())}
         [sample] = fams["clean_slate_last_run_health"].samples
         assert (sample.labels, sample.value) == ({"host": name, "verdict": verdict}, rank)
+        advised = fams["clean_slate_gpu_reset_advised"].samples
+        assert [(s.labels["gpu"], s.labels["why"]) for s in advised] == ([("1", "row_remap_pending")] if name == "remap" else [])
 
 
 def test_check_mode_and_a_raised_threshold_report_without_failing(nodes, tmp_path: Path) -> None:

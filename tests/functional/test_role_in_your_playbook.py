@@ -229,7 +229,7 @@ def test_a_misspelt_variable_is_refused_before_anything_runs_and_recorded(tmp_pa
 # ---------------------------------------------------------------------- a failure said once
 def test_a_busy_node_fails_once_and_says_the_shared_advice_once(tmp_path: Path) -> None:
     """``--tags clean_slate_verify`` on a node whose seven GPUs are held: each GPU's facts (its UUID, memory, the PID
-    holding it), the advice they share once, one failing task."""
+    holding it) a line each, the fix they share once, one failing task that shows those lines under the summary."""
     with Node(gpus=8, seed="noise") as n:
         sb = n.sandbox()
         try:
@@ -242,12 +242,14 @@ def test_a_busy_node_fails_once_and_says_the_shared_advice_once(tmp_path: Path) 
     assert run.rc == 2, run.output
     entry = run.stats["custom"]["_run"]["clean_slate"]["host-a"]
     msg = entry["msg"]
-    advice = "end them with gpuops.clean_slate.gpu_procs_kill (or stop the service that owns them), then verify again."
-    assert msg.count(advice) == 1 and msg.endswith(f"GPUs 0-6: {advice}"), msg
+    advice = "End the processes that hold it (the kill phase, gpuops.clean_slate.gpu_procs_kill) or stop the service that owns them."
+    assert msg.count(advice) == 1 and f"(job0). Fix: {advice}" in msg, msg
     for i, w in enumerate(workers):
         assert re.search(rf"GPU {i} \(GPU-[0-9a-f-]+\): busy: \d+ MiB used, held by PID\(s\) {w.ns_pid} \(job{i}\)\.", msg), msg
-    # One task fails the host and prints the failure, once in the whole output; no task that succeeded prints it.
+    # One task fails the host and prints the failure, once in the whole output, a line per GPU under the summary; no task
+    # that succeeded prints it.
     lines = run.stdout.splitlines()
     fatal = [i for i, line in enumerate(lines) if line.startswith("fatal: [host-a]")]
     assert len(fatal) == 1 and run.stdout.count(advice) == 1, run.output
-    assert advice in "\n".join(lines[fatal[0] : fatal[0] + 3]), run.output
+    shown = "\n".join(lines[fatal[0] : fatal[0] + 12])
+    assert advice in shown and "FAILED in verify (busy):" in shown and "7 of 8 GPU(s) not clean after" in shown, run.output

@@ -11,6 +11,8 @@ import os
 
 from support.modules import ModuleRunner, assert_no_traceback
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _findings
+
 H200_CUDA_TOTAL_MIB = 143771 - 615
 
 
@@ -62,16 +64,85 @@ def test_a_container_without_nvidia_uvm_is_red_while_nvml_reads_clean(node) -> N
             assert g["clean"] is False and g["diagnosis"] == "uvm_missing"
             s = g["startable"]
             assert (s["ok"], s["reason"], s["code"], s["error"], s["step"]) == (False, "uvm_missing", 999, "CUDA_ERROR_UNKNOWN", "cuInit")
-            assert "nvidia-uvm is absent" in g["detail"] and "195" in g["detail"]
-        assert "uvm_missing" in r["msg"]
+            assert "nvidia-uvm is absent" in g["detail"] and "pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools through" in g["detail"]
         names = [f["name"] for f in r["software"]["findings"]]
         assert names == ["uvm_missing", "uvm_tools_missing"]
-        assert any(e.startswith("reset_gpu: uvm_missing") for e in r["health"]["evidence"])
+        # A configuration fault, said as one: the eight GPUs in one line, its fix once, never a reset.
+        assert r["health"]["verdict"] == "fix_config" and r["reset_plan"] is None
+        assert ("uvm_missing", list(range(8)), "configuration") in [(f["name"], f["gpus"], f["where"]) for f in r["health"]["findings"]]
+        assert r["lines"][:2] == ["8 of 8 GPU(s) not clean after " + r["lines"][0].split("after ")[1], r["lines"][1]] and len(r["lines"]) <= 6, r["lines"]
+        assert r["lines"][1].startswith("GPUs 0-7: uvm_missing: CUDA error 999") and r["msg"].count("Fix:") == 1
+        assert "nvidia-smi -r" not in r["msg"] and "reboot" not in r["msg"] and "reset the" not in r["msg"].lower(), r["msg"]
         assert_no_traceback(r)
-        # Without the probe the software check alone still fails it (at the default fail_on).
+        # Without the probe the software check alone still fails it (at the default fail_on, fix_config) ...
         r = verify(ModuleRunner(node, sb), cuda_probe=False)
         assert (r["_status"], r["reason"]) == ("failed", "unhealthy") and r["cuda_probe"] is None, r
-        assert all(g["clean"] for g in r["gpus"]) and "uvm_missing" in r["msg"]
+        assert all(g["clean"] for g in r["gpus"]) and "uvm_missing" in r["msg"] and r["health"]["fail_on"] == "fix_config"
+        # ... and from reset_gpu up it is only reported (the documented fail_on); its GPUs' start cannot have failed.
+        r = verify(ModuleRunner(node, sb), cuda_probe=False, fail_on="reset_gpu")
+        assert (r["_status"], r["clean"], r["health"]["verdict"]) == ("ok", True, "fix_config"), r
+    finally:
+        sb.stop()
+
+
+def test_device_files_of_another_device_or_refused_are_configuration_faults_never_a_reset(node) -> None:
+    """What a container gets from a passthrough that names the wrong node, made for real in its mount namespace: a GPU's
+    node masked by /dev/null (NVML then lists no such GPU, as on an H100), nvidia-uvm masked (cuInit 999 while NVML reads
+    the GPUs), nvidia-uvm and then nvidiactl refused by the container's device rules (a devices cgroup: EPERM at open).
+    Each is named as the configuration fault it is (fix_config, device_missing), in a few lines, its fix once, never a
+    reset or a reboot. (A node of another device's numbers is told by /proc/devices, which names no NVIDIA driver here:
+    unit tests and the real-GPU runs hold that part.)"""
+    sb = node.sandbox(vmid=131)
+    try:
+        sb.pass_devices()
+        run = ModuleRunner(node, sb)
+
+        def no_reset(r: dict) -> None:
+            text = r["msg"].lower()
+            assert "nvidia-smi -r" not in text and "reset the" not in text and "reboot" not in text and r["reset_plan"] is None, r["msg"]
+
+        sb.bind_over("nvidia3", "/dev/null")
+        r = verify(run, expected_count=8)
+        assert (r["_status"], r["reason"], r["gpu_count"]) == ("failed", "missing_gpus", 7), r
+        assert (
+            r["lines"][0].startswith("expected 8 GPUs, found 7 healthy of 7: ") and "nvidia3 is present and opens, but NVML lists no GPU of minor 3" in r["msg"]
+        )
+        [f] = [f for f in r["health"]["findings"] if f["name"] == "device_missing"]
+        assert (f["verdict"], f["where"], r["health"]["verdict"]) == ("fix_config", "configuration", "fix_config")
+        no_reset(r)
+        # With no count expected, a GPU device file here that NVML lists no GPU for is the same configuration fault.
+        r = verify(run)
+        assert (r["_status"], r["reason"], r["health"]["verdict"]) == ("failed", "unhealthy", "fix_config"), r
+        done = sb.run(["umount", str(node.dev_dir / "nvidia3")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+        sb.bind_over("nvidia-uvm", "/dev/null")
+        r = verify(run)
+        assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+        assert {(g["diagnosis"], g["startable"]["code"], g["startable"]["step"]) for g in r["gpus"]} == {("uvm_missing", 999, "cuInit")}
+        assert "the unified-memory driver could not be used" in r["gpus"][0]["detail"] and r["health"]["verdict"] == "fix_config"
+        assert len(r["lines"]) <= 5 and r["lines"][1].startswith("GPUs 0-7: uvm_missing: CUDA error 999") and r["msg"].count("Fix:") == 1, r["lines"]
+        no_reset(r)
+        done = sb.run(["umount", str(node.dev_dir / "nvidia-uvm")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+        if not node.char_devices:
+            return  # a device rule refuses character nodes only (the node's files are regular files here)
+        sb.refuse("nvidia-uvm")
+        r = verify(run)
+        assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
+        uvm = r["software"]["devices"]["uvm"]
+        assert (uvm["ok"], uvm["fault"]) == (False, "refused") and "the device cgroup refuses it" in uvm["why"]
+        assert {g["diagnosis"] for g in r["gpus"]} == {"uvm_missing"} and "the device cgroup refuses it" in r["gpus"][0]["detail"]
+        no_reset(r)
+        # nvidiactl refused as well: NVML cannot open at all; the failure is that configuration fault, not a driver to
+        # load (NVML's own answer kept beside it).
+        sb.refuse("nvidiactl")
+        r = verify(run)
+        assert (r["_status"], r["reason"], r.get("nvml_reason")) == ("failed", "device_missing", "no_permission"), r
+        assert "nvidiactl is present but cannot be opened: the device cgroup refuses it" in r["msg"] and "reboot" not in r["msg"]
+        assert r["msg"].endswith(_findings.FINDINGS["device_missing"].fix)
+        assert node.contexts() == []
     finally:
         sb.stop()
 
@@ -94,7 +165,7 @@ def test_exclusive_process_with_a_context_held_outside_the_container_is_cuda_bus
             True,
         )
         assert "exclusive_process" in s["detail"] and "cannot see" in s["detail"]
-        assert any("cuda_busy" in e for e in g2["health"]["evidence"])
+        assert [f["name"] for f in g2["health"]["findings"]] == ["cuda_busy", "compute_mode"] and g2["health"]["verdict"] == "restart_app"
         assert all(g["startable"]["ok"] for i, g in enumerate(r["gpus"]) if i != 2)
         assert held.alive() and [c["pid"] for c in node.contexts()] == [held.pid]  # the holder is untouched, the probe gone
     finally:
@@ -117,7 +188,7 @@ def test_each_failure_is_named_with_its_code_and_a_hung_start_returns_on_time(mo
     g4 = r["gpus"][4]
     assert g4["used_mib"] == 0 and g4["startable"]["cuda_free_mib"] == H200_CUDA_TOTAL_MIB - 527 - 30000
     assert "NVML reads 143156 MiB free" in g4["detail"]
-    assert "systemctl start nvidia-fabricmanager" in r["gpus"][1]["detail"] and "nvidia-smi -r" in r["gpus"][3]["detail"]
+    assert "systemctl start nvidia-fabricmanager" in r["gpus"][1]["detail"] and "reset it" in r["gpus"][3]["detail"]
     # The hung start was killed at its deadline; the run came back, and nothing of any probe is left.
     assert "within 2 s" in r["gpus"][5]["detail"] and seconds(r) <= 2 + 2 + 6, seconds(r)
     assert r["gpus"][5]["health"]["verdict"] == "reboot" and r["gpus"][4]["health"]["verdict"] == "reset_gpu"
@@ -136,7 +207,7 @@ def test_no_libcuda_and_the_software_findings(node) -> None:
         assert {g["diagnosis"] for g in r["gpus"]} == {"no_libcuda"}
         assert "libcuda.so.1" in r["gpus"][0]["detail"] and r["gpus"][0]["startable"]["step"] == "dlopen"
         found = {(f["name"], f["verdict"], f["gpu"]) for f in r["software"]["findings"]}
-        assert found == {("persistence_off", "ok", 6), ("cuda_env", "restart_app", None), ("inforom_corrupt", "drain", 6)}
+        assert found == {("persistence_off", "ok", 6), ("cuda_env", "fix_config", None), ("inforom_corrupt", "drain", 6)}
         assert r["software"]["environment"]["found"][0]["where"] == "the module's environment"
         assert r["health"]["verdict"] == "drain"
     finally:
@@ -255,5 +326,11 @@ def test_a_container_with_every_device_is_proven_startable_inside_a_hang_there_r
             assert g["health"]["verdict"] == "ok"
         assert [f["name"] for f in r["software"]["findings"]] == ["devices_unchecked"]
         assert r["cuda_probe"]["container"]["ok"] is False and "no python3" in r["cuda_probe"]["container"]["why"]
+        # A reset for the container's GPU 7 is the node's to make, by the node's own bus ID (the container cannot).
+        node.set_health(7, remap_pending=1)
+        r = run("gpu_mem_verify", {"containers": [102], "gpus": [6, 7], "timeout": 0, "kernel_log": str(node.kernel_log)}, env=env)
+        plan = r["reset_plan"]
+        assert [(g["index"], g["pci_bus_id"], g["why"]) for g in plan["gpus"]] == [(7, r["gpus"][1]["pci_bus_id"], ["row_remap_pending"])], plan
+        assert plan["where"] == "this node (container 102's GPUs, by this node's bus IDs)" and "nvidia-smi -r -i " + r["gpus"][1]["pci_bus_id"] in r["msg"]
     finally:
         ct.stop()

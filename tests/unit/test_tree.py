@@ -16,7 +16,7 @@ TOOLS = ROOT / "tools"
 NOT_FOLDERS = {TESTS / "output", TESTS / "sim" / "build"}
 # Run outside the venv, so they cannot rely on the .pth make setup installs: the hardware harness runs with the
 # GPU machine's python3, and gpusim's driver daemon is started with `python -I` so that it runs from there too.
-MAY_PATCH_SYS_PATH = {TOOLS / "gpu" / "validate.py", TOOLS / "gpu" / "startable.py", TESTS / "sim" / "gpusim" / "node.py"}
+MAY_PATCH_SYS_PATH = {TOOLS / "gpu" / "validate.py", TOOLS / "gpu" / "startable.py", TOOLS / "gpu" / "peers.py", TESTS / "sim" / "gpusim" / "node.py"}
 
 
 def folders() -> list[Path]:

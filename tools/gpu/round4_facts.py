@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import stat
 import subprocess
 import sys
 import textwrap
@@ -156,15 +154,20 @@ SCENARIOS = [
 def sh(cmd: str, timeout: float = 60) -> dict:
     t0 = time.monotonic()
     try:
-        r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout, check=False)
         return {"cmd": cmd, "rc": r.returncode, "out": r.stdout, "err": r.stderr[-2000:], "s": round(time.monotonic() - t0, 3)}
     except subprocess.TimeoutExpired:
         return {"cmd": cmd, "rc": None, "out": "", "err": "timeout", "s": timeout}
 
 
 def scenario(spec: dict) -> dict:
-    r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-I", "-c", PROBE, json.dumps(spec)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-I", "-c", PROBE, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -181,7 +184,7 @@ def readings() -> dict:
     def ask(name, fn, *args):
         times = []
         value = None
-        for _ in range(20):
+        for _repeat in range(20):
             t0 = time.perf_counter()
             try:
                 value = fn(*args)
@@ -213,8 +216,9 @@ def readings() -> dict:
         g["clock_event_reasons"] = ask("reasons", reasons, h)
         g["clock_event_reasons_supported"] = ask("supported", supported, h)
         g["temperature_gpu"] = ask("temp", pynvml.nvmlDeviceGetTemperature, h, 0)
-        g["temperature_thresholds"] = {k: ask(k, pynvml.nvmlDeviceGetTemperatureThreshold, h, v)
-                                       for k, v in (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3))}
+        g["temperature_thresholds"] = {
+            k: ask(k, pynvml.nvmlDeviceGetTemperatureThreshold, h, v) for k, v in (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3))
+        }
         g["power_mw"] = ask("power", pynvml.nvmlDeviceGetPowerUsage, h)
         g["clocks"] = {k: ask(k, pynvml.nvmlDeviceGetClockInfo, h, v) for k, v in (("graphics", 0), ("sm", 1), ("mem", 2))}
         g["max_clocks"] = {k: ask(k, pynvml.nvmlDeviceGetMaxClockInfo, h, v) for k, v in (("graphics", 0), ("sm", 1), ("mem", 2))}
@@ -224,13 +228,18 @@ def readings() -> dict:
             entry = {"link": link, "state": state}
             if not isinstance(state["value"], dict):
                 entry["version"] = ask("version", pynvml.nvmlDeviceGetNvLinkVersion, h, link)
-                entry["errors"] = {k: ask(k, pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, v)
-                                   for k, v in (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))}
+                entry["errors"] = {
+                    k: ask(k, pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, v) for k, v in (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
+                }
             links.append(entry)
         g["nvlink"] = links
         field = getattr(pynvml, "NVML_FI_DEV_NVLINK_LINK_COUNT", 91)
-        g["nvlink_link_count_field"] = ask("link count", lambda: [(v.nvmlReturn, v.value.uiVal) for v in pynvml.nvmlDeviceGetFieldValues(h, [field])])
-        g["p2p_status_self"] = {k: ask(k, pynvml.nvmlDeviceGetP2PStatus, h, h, v) for k, v in (("read", 0), ("write", 1), ("nvlink", 2), ("atomics", 3), ("prop", 4))}
+        g["nvlink_link_count_field"] = ask(
+            "link count", lambda handle=h, fid=field: [(v.nvmlReturn, v.value.uiVal) for v in pynvml.nvmlDeviceGetFieldValues(handle, [fid])]
+        )
+        g["p2p_status_self"] = {
+            k: ask(k, pynvml.nvmlDeviceGetP2PStatus, h, h, v) for k, v in (("read", 0), ("write", 1), ("nvlink", 2), ("atomics", 3), ("prop", 4))
+        }
         out["gpus"].append(g)
     pynvml.nvmlShutdown()
     return out
@@ -244,13 +253,25 @@ def pcie_idle_busy() -> dict:
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
 
     def read(tag):
-        return {"when": tag, "gen": pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h), "width": pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
-                "sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, 1), "reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
-                if hasattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons") else pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)}
+        return {
+            "when": tag,
+            "gen": pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+            "width": pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+            "sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, 1),
+            "reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+            if hasattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons")
+            else pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+        }
 
     rows = [read("idle")]
-    busy = subprocess.Popen([sys.executable, "-c", "import torch,time\nx=torch.randn(8192,8192,device='cuda')\nt=time.time()\n"
-                             "while time.time()-t<4:\n  y=x@x\n  z=x.cpu() if int(time.time()*10)%5==0 else None\ntorch.cuda.synchronize()"])
+    busy = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import torch,time\nx=torch.randn(8192,8192,device='cuda')\nt=time.time()\n"
+            "while time.time()-t<4:\n  y=x@x\n  z=x.cpu() if int(time.time()*10)%5==0 else None\ntorch.cuda.synchronize()",
+        ]
+    )
     time.sleep(2.0)
     rows.append(read("busy (matmul and device-to-host copies)"))
     busy.wait()
@@ -299,23 +320,31 @@ def main() -> int:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     facts: dict = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    env = {k: sh(c) for k, c in {
-        "uname": "uname -a", "proc_devices": "cat /proc/devices", "dev": "ls -la /dev/nvidia* /dev/nvidia-caps 2>&1",
-        "driver": "cat /proc/driver/nvidia/version; cat /proc/driver/nvidia/gpus/*/information",
-        "cgroup": "stat -fc %T /sys/fs/cgroup; ls /sys/fs/cgroup | head -40; cat /proc/self/cgroup",
-        "shm": "df -k /dev/shm", "topo": "nvidia-smi topo -m", "nvlink_status": "nvidia-smi nvlink -s", "nvlink_errors": "nvidia-smi nvlink -e",
-        "query": "nvidia-smi --query-gpu=index,pcie.link.gen.current,pcie.link.gen.max,pcie.link.gen.gpumax,pcie.link.width.current,"
-                 "pcie.link.width.max,clocks_event_reasons.active,clocks_event_reasons.hw_slowdown,clocks_event_reasons.sw_thermal_slowdown,"
-                 "clocks_event_reasons.hw_thermal_slowdown,clocks_event_reasons.hw_power_brake_slowdown,temperature.gpu,temperature.memory"
-                 " --format=csv",
-    }.items()}
+    env = {
+        k: sh(c)
+        for k, c in {
+            "uname": "uname -a",
+            "proc_devices": "cat /proc/devices",
+            "dev": "ls -la /dev/nvidia* /dev/nvidia-caps 2>&1",
+            "driver": "cat /proc/driver/nvidia/version; cat /proc/driver/nvidia/gpus/*/information",
+            "cgroup": "stat -fc %T /sys/fs/cgroup; ls /sys/fs/cgroup | head -40; cat /proc/self/cgroup",
+            "shm": "df -k /dev/shm",
+            "topo": "nvidia-smi topo -m",
+            "nvlink_status": "nvidia-smi nvlink -s",
+            "nvlink_errors": "nvidia-smi nvlink -e",
+            "query": "nvidia-smi --query-gpu=index,pcie.link.gen.current,pcie.link.gen.max,pcie.link.gen.gpumax,pcie.link.width.current,"
+            "pcie.link.width.max,clocks_event_reasons.active,clocks_event_reasons.hw_slowdown,clocks_event_reasons.sw_thermal_slowdown,"
+            "clocks_event_reasons.hw_thermal_slowdown,clocks_event_reasons.hw_power_brake_slowdown,temperature.gpu,temperature.memory"
+            " --format=csv",
+        }.items()
+    }
     facts["env"] = env
     q = sh("nvidia-smi -q")
     with open(os.path.join(args.out, "nvidia-smi-q.txt"), "w") as fh:
         fh.write(q["out"])
     facts["readings"] = readings()
     facts["pcie_idle_busy"] = pcie_idle_busy()
-    r = subprocess.run([sys.executable, "-c", PEER], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", PEER], capture_output=True, text=True, timeout=120, check=False)
     facts["peer_one_gpu"] = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {"rc": r.returncode, "err": r.stderr[-2000:]}
     facts["scenarios"] = [scenario(s) for s in SCENARIOS]
     path = os.path.join(args.out, "round4-facts.json")
@@ -323,9 +352,11 @@ def main() -> int:
         json.dump(facts, fh, indent=1)
     for s in facts["scenarios"]:
         n, c = s.get("nvml", {}), s.get("cuda", {})
-        print(f"{s.get('scenario'):24} nvmlInit={n.get('init')} ({n.get('init_text')}) count={n.get('count')} "
-              f"handles={[d.get('handle_rc') for d in n.get('devices', [])]} | cuInit={c.get('init')} ({c.get('init_name')}) "
-              f"count={c.get('count')} ctx={c.get('ctx_retain')} alloc={c.get('alloc')}")
+        print(
+            f"{s.get('scenario'):24} nvmlInit={n.get('init')} ({n.get('init_text')}) count={n.get('count')} "
+            f"handles={[d.get('handle_rc') for d in n.get('devices', [])]} | cuInit={c.get('init')} ({c.get('init_name')}) "
+            f"count={c.get('count')} ctx={c.get('ctx_retain')} alloc={c.get('alloc')}"
+        )
     print(env["proc_devices"]["out"])
     print(env["dev"]["out"])
     print(env["query"]["out"])

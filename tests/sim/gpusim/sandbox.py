@@ -23,6 +23,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -104,6 +105,7 @@ class Sandbox:
         self.init_pid = 0  #: host-side (caller's namespace) pid of the sandbox's init
         self.ns_inode = 0  #: inode of the sandbox's PID namespace
         self.cgroup_path: Path | None = None  #: its cgroup directory, if one was joined
+        self.devices_cgroup: Path | None = None  #: its devices cgroup (v1), once a device rule refuses a node (refuse())
         self._unshare: subprocess.Popen[bytes] | None = None
         self._init: PidHandle | None = None
         self._pct: tuple[Path, str] | None = None
@@ -195,6 +197,18 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 w.popen.kill()
         self._remove_cgroup()
+        if self.devices_cgroup is not None:
+            deadline = time.monotonic() + 2
+            while self.devices_cgroup.exists() and time.monotonic() < deadline:
+                try:
+                    self.devices_cgroup.rmdir()  # once its last process is reaped
+                except OSError:
+                    time.sleep(0.01)
+            for folder in list(self.devices_cgroup.parents)[:3]:  # lxc/, the run's parent, if unused
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
         if self._pct is not None:
             self._write_pct(*self._pct, status="stopped")
         self.node._forget_sandbox(self)
@@ -240,6 +254,38 @@ class Sandbox:
             raise RuntimeError(f"passing devices into sandbox {self.name} failed: {done.stderr.strip()}")
         return passed
 
+    def bind_over(self, name: str, source: str | os.PathLike[str]) -> None:
+        """Bind ``source`` over the node's ``dev/<name>`` inside the sandbox (its mount namespace only): a container
+        given another device's node where the GPU's or nvidia-uvm's should be (a passthrough naming the wrong node, a
+        mask of /dev/null). The driver's own node is untouched; outside the sandbox nothing changes."""
+        target = self.node.dev_dir / name
+        done = subprocess.run([*self.nsenter_prefix(), "mount", "--bind", str(source), str(target)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"binding {source} over {target} in sandbox {self.name} failed: {done.stderr.strip()}")
+
+    def refuse(self, name: str, numbers: tuple[int, int] = (1, 7)) -> tuple[int, int]:
+        """Make ``dev/<name>`` a node the container's device rules refuse, as LXC's devices cgroup does for a node its
+        configuration does not allow (a passthrough rule written for major 195 only, while nvidia-uvm's is dynamic):
+        a character node of ``numbers`` (/dev/full's by default, which no other part of the node uses) is bound over it,
+        and a devices cgroup (cgroup v1's devices controller) denying those numbers holds every process of the sandbox,
+        each started inside through nsenter_prefix() too. open() then fails with EPERM, as in such a container.
+        Needs root, character nodes in the node's directory and the v1 devices controller: RuntimeError otherwise."""
+        if not self.node.char_devices:
+            raise RuntimeError("the node's device files are regular files here (no character nodes): a device rule cannot refuse one")
+        base = Path("/sys/fs/cgroup/devices")
+        if not (base / "devices.deny").exists():
+            raise RuntimeError("no cgroup v1 devices controller at /sys/fs/cgroup/devices")
+        source = self.node.state_dir / f"refused-{name.replace('/', '-')}"  # outside dev/, which the sandbox covers
+        if not source.exists():
+            os.mknod(source, stat.S_IFCHR | 0o666, os.makedev(*numbers))
+        self.bind_over(name, source)
+        path = base / cgroup_parent() / "lxc" / str(self.vmid if self.vmid is not None else self.name)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "devices.deny").write_text(f"c {numbers[0]}:{numbers[1]} rwm\n")
+        (path / "cgroup.procs").write_text(f"{self.init_pid}\n")
+        self.devices_cgroup = path
+        return numbers
+
     # ------------------------------------------------------------ running things inside
     def nsenter_prefix(self, join_cgroup: bool = False, wd: str | None = None) -> list[str]:
         """``["nsenter", "-t", <init>, "-p", "-m", "--"]`` (``-U`` too for an unprivileged
@@ -250,6 +296,9 @@ class Sandbox:
         prefix: list[str] = []
         if join_cgroup and self.cgroup_path is not None:
             prefix += ["/bin/sh", "-c", CGROUP_JOIN, str(self.cgroup_path / "cgroup.procs")]
+        if self.devices_cgroup is not None:
+            # The container's device rules hold everything that runs in it.
+            prefix += ["/bin/sh", "-c", CGROUP_JOIN, str(self.devices_cgroup / "cgroup.procs")]
         prefix += ["nsenter", "-t", str(self.init_pid), "-p", "-m"]
         if self.unprivileged:
             prefix.append("-U")

@@ -335,12 +335,16 @@ static nvmlReturn_t do_init(unsigned int flags)
         return sim_leave(sim_cfg.init_error);
 
     close_all();
-    if (sim_node_is_drivers("nvidiactl") == 0)
-        return sim_leave(NVML_ERROR_OPERATING_SYSTEM); /* "GPU access blocked by the operating system" */
     snprintf(path, sizeof path, "%s/nvidiactl", sim_dev_dir);
     ctl_fd = open(path, O_RDWR | O_CLOEXEC);
+    /* As the real library: refused by the device cgroup or the file's mode, NO_PERMISSION; absent, DRIVER_NOT_LOADED;
+     * another device's node, OPERATING_SYSTEM ("GPU access blocked by the operating system"). */
     if (ctl_fd < 0)
-        return sim_leave(NVML_ERROR_DRIVER_NOT_LOADED);
+        return sim_leave(errno == EPERM || errno == EACCES ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_DRIVER_NOT_LOADED);
+    if (sim_node_is_drivers("nvidiactl") == 0) {
+        close_all();
+        return sim_leave(NVML_ERROR_OPERATING_SYSTEM);
+    }
     snprintf(path, sizeof path, "%s/nvidia-uvm", sim_dev_dir);
     uvm_fd = open(path, O_RDWR | O_CLOEXEC);
 

@@ -24,7 +24,12 @@ def judged(raw: dict, devices: dict | None = None, mode: str | None = "default",
         ({"code": 214, "step": "cuDevicePrimaryCtxRetain"}, "ecc_uncorrectable", "reset it", "reset_gpu"),
         ({"code": 802, "step": "cuInit"}, "fabric_not_ready", "nvidia-fabricmanager", "fix_config"),
         ({"hung": "cuDevicePrimaryCtxRetain", "waited_s": 10}, "cuda_hung", "stuck in cuDevicePrimaryCtxRetain", "reboot"),
-        ({"step": "dlopen", "dlopen_error": "libcuda.so.1: cannot open shared object file"}, "no_libcuda", "the driver's, of the loaded kernel module's version", "fix_config"),
+        (
+            {"step": "dlopen", "dlopen_error": "libcuda.so.1: cannot open shared object file"},
+            "no_libcuda",
+            "the driver's, of the loaded kernel module's version",
+            "fix_config",
+        ),
         # The user-space driver of another version than the kernel module: its installation, never a GPU reset.
         ({"code": 35, "step": "cuInit"}, "no_libcuda", "older than the kernel module", "fix_config"),
         ({"code": 803, "step": "cuInit"}, "no_libcuda", "different versions", "fix_config"),

@@ -59,7 +59,7 @@ def guide_rows() -> dict[str, tuple[str, str, str]]:
         lines.append(line)
     rows: dict[str, tuple[str, str, str]] = {}
     cells: list[str] = []
-    for line in lines + ["   * - "]:
+    for line in [*lines, "   * - "]:
         if line.startswith("   * - "):
             if len(cells) == 4:
                 rows[cells[0].strip("`")] = (cells[1].strip("`"), cells[2], cells[3])

@@ -365,9 +365,7 @@ def test_the_same_finding_on_eight_gpus_is_one_line_and_its_fix_is_said_once() -
     """A container without its GPUs' device files: eight findings that differ only in the GPU's number are one line
     naming the eight; a finding with facts of its own (a PID, an Xid line) is never folded into another; each name's fix
     (the table's) is said once, worst first."""
-    found = [
-        {"name": "device_missing", "verdict": "fix_config", "gpu": i, "text": f"/dev/nvidia{i} is absent: CUDA cannot use GPU {i} here"} for i in range(8)
-    ]
+    found = [{"name": "device_missing", "verdict": "fix_config", "gpu": i, "text": f"/dev/nvidia{i} is absent: CUDA cannot use GPU {i} here"} for i in range(8)]
     found += [{"name": "device_missing", "verdict": "fix_config", "gpu": None, "text": "/dev/nvidiactl is absent: no CUDA program can start"}]
     found += [
         {"name": "xid", "verdict": "reset_gpu", "gpu": 2, "text": "Xid 48 in the kernel log (RESET_GPU): NVRM: Xid (PCI:0000:1a:00): 48"},

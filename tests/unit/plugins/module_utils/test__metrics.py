@@ -13,7 +13,17 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import _metrics
 def test_the_metrics_text_parses_as_prometheus_reads_it() -> None:
     gpu = {"index": 0, "uuid": "GPU-1", "pci_bus_id": "0000:18:00.0", "minor": 4, "name": 'H200 "SXM"\nx', "used_mib": 3}
     plan = {"gpus": [{"index": 0, "uuid": "GPU-1", "pci_bus_id": "0000:18:00.0", "why": ["row_remap_pending"]}], "where": "this host"}
-    r = {"clean": False, "ended": 2, "phase": "verify", "reason": "busy", "after": [3], "targets": [1], "gpus": [gpu], "health": {"verdict": "reboot"}, "reset_plan": plan}
+    r = {
+        "clean": False,
+        "ended": 2,
+        "phase": "verify",
+        "reason": "busy",
+        "after": [3],
+        "targets": [1],
+        "gpus": [gpu],
+        "health": {"verdict": "reboot"},
+        "reset_plan": plan,
+    }
     fams = {f.name: f for f in text_string_to_metric_families(_metrics.text(r, 'h"1\\', 1.5, 101.5))}
     assert fams["clean_slate_last_run_success"].samples[0].value == 0
     assert fams["clean_slate_last_run_duration_seconds"].samples[0].value == 1.5

@@ -266,7 +266,10 @@ def test_a_lost_gpu_is_counted_but_not_healthy() -> None:
     assert reason == "not_clean" and " ".join(lines).startswith("expected 3 GPUs, found 2 healthy of 3 (lost: GPU 1). 1 of 2 GPU(s) not clean")
     # Fewer GPUs than expected and none lost: the driver shows fewer, and the device files say why.
     shortfall = [{"name": "device_missing", "verdict": "fix_config", "gpu": None, "text": "/dev/nvidia1 is absent"}]
-    assert _verify.verdict(outcome(True), [Gpu(index=0)], 1, 8, shortfall) == ("missing_gpus", ["expected 8 GPUs, found 1 healthy of 1: /dev/nvidia1 is absent."])
+    assert _verify.verdict(outcome(True), [Gpu(index=0)], 1, 8, shortfall) == (
+        "missing_gpus",
+        ["expected 8 GPUs, found 1 healthy of 1: /dev/nvidia1 is absent."],
+    )
 
 
 def test_options_are_checked_before_the_gpus_are_touched(tmp_path) -> None:

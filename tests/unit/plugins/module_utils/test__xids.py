@@ -29,8 +29,11 @@ CATALOG_TEXT = {
     "UPDATE_SWFW": [78],
     # 142, and every Xid the catalog marks "Unused" on these GPUs (round4: the catalog's own CONTACT_SUPPORT, as
     # NVIDIA's NVSentinel reads it).
-    "CONTACT_SUPPORT": [142, *range(1, 8), 9, 10, 12, *range(15, 25), *range(26, 31), *range(33, 37), 42, 47, *range(49, 54)]
-    + [*range(55, 60), 61, 65, 73, 81, 87, 90, 91, *range(111, 119), *range(122, 126), 138],
+    "CONTACT_SUPPORT": [
+        142,
+        *(*range(1, 8), 9, 10, 12, *range(15, 25), *range(26, 31), *range(33, 37), 42, 47, *range(49, 54)),
+        *(*range(55, 60), 61, 65, 73, 81, 87, 90, 91, *range(111, 119), *range(122, 126), 138),
+    ],
     "CHECK_MECHANICALS": [54],
 }
 # Xids that apply to no data-center GPU (the catalog's four columns all NO): nothing to do.
