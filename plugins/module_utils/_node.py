@@ -361,7 +361,7 @@ def run(module: t.Any) -> dict[str, t.Any]:
     """The clean_slate_node module: the selected phases in order, stopping at the first failure; then the metrics."""
     start = time.monotonic()
     started = datetime.datetime.now()
-    # Before anything of the module's own: the interpreter's start and the payload's import (tools/bench/profile.py).
+    # Before anything of the module's own: the interpreter's start and the payload's import (tools/bench/cost.py).
     before_run = since_process_start()
     p = module.params
     metrics = p["metrics"]
@@ -432,7 +432,7 @@ def since_process_start() -> float | None:
 
 @contextlib.contextmanager
 def timed(timings: dict[str, float], name: str) -> t.Iterator[None]:
-    """``timings[name]``: the seconds the block took (the profile of a run, tools/bench/profile.py)."""
+    """``timings[name]``: the seconds the block took (the profile of a run, tools/bench/cost.py)."""
     began = time.monotonic()
     try:
         yield

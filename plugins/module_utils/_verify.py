@@ -1040,7 +1040,7 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
     # Every NVML call runs in a helper process under a deadline (_probe): a hung driver costs at most
     # probe_timeout per call, and all of it ends NVML_GRACE_S after the later of timeout and probe_timeout.
     end = time.monotonic() + max(p["timeout"], p["probe_timeout"]) + NVML_GRACE_S
-    # Where the seconds go (tools/bench/profile.py): each step's, from the one before.
+    # Where the seconds go (tools/bench/cost.py): each step's, from the one before.
     timings: dict[str, float] = {}
     mark = [time.monotonic()]
 

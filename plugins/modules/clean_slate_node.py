@@ -285,7 +285,7 @@ timings:
     - Where the seconds went - C(before_run) (from the process's start to the module's own code - the interpreter's
       start and the payload's import, to the kernel's clock tick), then each phase that ran (C(preflight), C(plan),
       C(pre_stop), C(kill), C(residue), C(restore), C(verify)) and C(metrics). For a profile of a run
-      (tools/bench/profile.py); nothing depends on it.
+      (tools/bench/cost.py); nothing depends on it.
   returned: always
   type: dict
   sample: {"before_run": 0.21, "preflight": 0.09, "kill": 0.05, "residue": 0.12, "verify": 0.72}
