@@ -131,6 +131,21 @@ def render(p: dict[str, Any], runs: dict[str, list[dict[str, Any]]], repeat: int
             f"| {name} | {wall:.2f} | {empty:.2f} | {ping:.2f} | {median([r['wall'] - r['ping'] for r in rows]):.2f} |"
             f" {median([r['probe'] for r in rows]):.2f} | {'yes' if all(r['clean'] for r in rows) else 'NO'} |"
         )
+    lines += [
+        "",
+        "- The peer check runs beside the CUDA starts, in one more helper, and its copies wait until every start has passed its",
+        '  memset: what it adds to the verification is only what outlasts the starts (the "parts" rows: the starts alone against',
+        "  the starts with the check; the simulated starts take the H200's step times, memset and free included). The copy size",
+        "  sets the matrix's time: the host reads back and compares one copy each way (the eight timed copies cost only the copy",
+        "  engines), so 2 MiB (the default) keeps 28 pairs near 0.06 s here; 8 MiB quadruples it.",
+        "- It is paid for where the time goes: the starts' helpers (and the peer check's) are forked before the GPUs are read",
+        "  clean, by clean_slate_node before its kill, so that cuInit and each device's identity (0.1 s here, 0.10-0.22 s on the",
+        '  H200) run while the kill and the residue phases do. "CUDA probe in the module" is what the verification waited for',
+        "  its starts (and the check) after that.",
+        "- \"wall - ping play\" is what the role costs beyond Ansible's floor for one module task, in the same run: the issue's",
+        "  bound is that the row with every check on is no higher than the row of the checkout before it (named by its commit).",
+        "  Rows of one run only: other jobs share this 2-core machine, and the same rows move by 0.05 s from run to run.",
+    ]
     return "\n".join(lines) + "\n"
 
 
