@@ -262,7 +262,16 @@ def error(all_steps: t.Sequence[Step], ctx: t.Mapping[str, t.Any]) -> dict[str, 
         if v["clean"]:
             return {}
         dirty = [g.get("diagnosis") for g in v["gpus"] if not g.get("clean")]
-        reason = dirty[0] if dirty else (_reasons.UNHEALTHY if health_fails(v, ctx.get("health_fail_on")) else _reasons.TOO_FEW_GPUS)
+        apart = (v.get("together") or {}).get("ready") is False  # clean one by one, not together (issue 39)
+        reason = (
+            dirty[0]
+            if dirty
+            else _reasons.NOT_READY_TOGETHER
+            if apart
+            else _reasons.UNHEALTHY
+            if health_fails(v, ctx.get("health_fail_on"))
+            else _reasons.TOO_FEW_GPUS
+        )
         return {"phase": "verify", "reason": reason, "msg": v.get("msg", ""), "fatal": False}
     summary = _mapping(k.get("summary"))
     if summary.get("signals"):

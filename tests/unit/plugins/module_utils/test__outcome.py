@@ -140,3 +140,12 @@ def test_missing_dependencies_and_what_is_published() -> None:
     run = stopped("preflight", "missing_library", "Failed to import pynvml", python={"missing": ["psutil"]})
     assert _outcome.deps_missing(run) and not _outcome.deps_missing(DONE)
     assert _outcome.published({"clean": True, "gpus": [1], "targets": [2], "summary": "s"}) == {"clean": True, "summary": "s"}
+
+
+def test_clean_one_by_one_and_not_together_is_its_own_reason() -> None:
+    """Issue 39: every GPU clean, a pair broken; failed (the module's reason kept) or only reported (fail_on_dirty false)."""
+    apart = {**VERIFY, "clean": False, "together": {"ready": False, "findings": [{"name": "p2p_broken", "verdict": "fix_config", "gpus": [2, 5]}]}}
+    failed = {**apart, "failed": True, "reason": "not_ready_together", "msg": "The GPUs are clean one by one, but not ready together"}
+    assert result(stopped("verify", "not_ready_together", failed["msg"], before=BEFORE, kill=KILL, verify=failed))["reason"] == "not_ready_together"
+    r = result({**DONE, "verify": apart}, fail_on_dirty=False)
+    assert (r["reason"], r["failure"], r["clean"]) == ("not_ready_together", "", False)
