@@ -462,11 +462,11 @@ def together(out_fd: int, in_fd: int) -> None:  # pragma: no cover - runs in the
     ready = [gpu for gpu, _uuid in gpus if state[gpu]["ok"]]
     can, ms = ctypes.c_int(), ctypes.c_float()
 
-    def copy(a: int, b: int) -> "dict[str, t.Any]":
-        # The pattern of a's buffer into b's, ``reps`` times between two events, then b's buffer read back and compared.
-        sa, sb = state[a], state[b]
-        out = {"from": a, "to": b, "code": None, "call": None, "gbps": None, "match": None}  # type: dict[str, t.Any]
-        label = f"{a}->{b}"
+    def copy(src: int, dst: int) -> "dict[str, t.Any]":
+        # The pattern of src's buffer into dst's, ``reps`` times between two events, then dst's buffer read back and compared.
+        sa, sb = state[src], state[dst]
+        out = {"from": src, "to": dst, "code": None, "call": None, "gbps": None, "match": None}  # type: dict[str, t.Any]
+        label = f"{src}->{dst}"
         steps = [("cuCtxSetCurrent", cuda.cuCtxSetCurrent, (sa["ctx"],)), ("cuEventRecord", cuda.cuEventRecord, (sa["events"][0], None))]
         steps += [("cuMemcpyPeer", cuda.cuMemcpyPeer, (sb["dst"], sb["ctx"], sa["src"], sa["ctx"], ctypes.c_size_t(size)))] * reps
         steps += [
@@ -484,7 +484,7 @@ def together(out_fd: int, in_fd: int) -> None:  # pragma: no cover - runs in the
                 return out
             if name == "cuEventElapsedTime" and ms.value > 0:
                 out["gbps"] = round(size * reps / (ms.value / 1000.0) / 1e9, 2)
-        out["match"] = libc.memcmp(host, expected[a], size) == 0
+        out["match"] = libc.memcmp(host, expected[src], size) == 0
         return out
 
     for x, a in enumerate(ready):

@@ -46,7 +46,7 @@ from ansible_collections.gpuops.clean_slate.plugins.module_utils import _cuda_pr
 gpus, sizes, repeat = json.loads(sys.argv[1])
 targets = [(g, u, False) for g, u in gpus]
 out = {"starts": [], "peers": {}, "links": []}
-for _ in range(repeat):
+for _run in range(repeat):
     t = time.monotonic(); raw, left = _cuda_program.probe(targets, 0.9, 30); out["starts"].append(time.monotonic() - t)
     assert all(r["ok"] for r in raw.values()) and not left, raw
     for size in sizes:
@@ -85,7 +85,7 @@ def parts(sizes: list[int], repeat: int) -> dict[str, Any]:
 def playbooks(repeat: int, baselines: list[Path]) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {"this checkout, every check on (defaults)": [], "this checkout, the issue's checks off": []}
     runs.update({f"before: {b.name}": [] for b in baselines})
-    for _ in range(repeat):
+    for _run in range(repeat):
         runs["this checkout, every check on (defaults)"].append(local_playbook("plain"))
         runs["this checkout, the issue's checks off"].append(local_playbook("plain", extra=OFF))
         for b in baselines:

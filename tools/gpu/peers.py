@@ -121,7 +121,7 @@ def contexts(count: int, repeat: int) -> dict:
 
     out: dict = {"processes": [], "threads": [], "sequential": []}
     uuids = gpu_uuids()
-    for _ in range(repeat):
+    for _run in range(repeat):
         began = time.monotonic()
         raw, _left = _cuda_program.probe([(i, uuids[i], True) for i in range(count)], 0.0, 60)  # a context each, no memory
         out["processes"].append(
@@ -170,7 +170,7 @@ def starts(count: int, sizes: list[int], repeat: int) -> dict:
 
             gen[gpu] = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(pynvml.nvmlDeviceGetHandleByIndex(gpu))
 
-    for _ in range(repeat):
+    for _run in range(repeat):
         began = time.monotonic()
         raw, _peer, left = _cuda_program.probe_all(targets, 0.9, 60, on_step=under_load)
         out["alone"].append({"wall_s": round(time.monotonic() - began, 4), "ok": all(r.get("ok") for r in raw.values()), "left": left})

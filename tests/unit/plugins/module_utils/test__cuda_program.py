@@ -156,7 +156,8 @@ def test_next_start_reads_the_room_and_removes_a_stale_answer_when_asked(tmp_pat
     asked = {"dirs": ["/root/.cache/vllm"], "remove": False, "ordinals": [0, 1], "uuids": {}}
     out = _cuda_program.next_start(str(tmp_path), raw, {"shm": str(tmp_path), "peers_cache": asked})
     assert out["shm"]["path"] == str(tmp_path) and out["shm"]["free_mib"] <= out["shm"]["size_mib"]
-    [item] = out["p2p_caches"]
+    assert len(out["p2p_caches"]) == 1
+    item = out["p2p_caches"][0]
     assert (item["stale"], item["removed"]) == ([[0, 1]], False) and stale.exists()
     out = _cuda_program.next_start(str(tmp_path), raw, {"shm": None, "peers_cache": {**asked, "remove": True}})
     assert out["shm"] is None and out["p2p_caches"][0]["removed"] is True and not stale.exists()
