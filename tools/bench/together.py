@@ -82,14 +82,20 @@ def parts(sizes: list[int], repeat: int) -> dict[str, Any]:
         return json.loads(proc.stdout.splitlines()[-1])
 
 
+def before(checkout: Path) -> str:
+    """A baseline's row: its directory, and the commit it was archived from (a COMMIT file beside it, when written)."""
+    commit = checkout / "COMMIT"
+    return f"before: {checkout.name}" + (f" ({commit.read_text().strip()})" if commit.is_file() else "")
+
+
 def playbooks(repeat: int, baselines: list[Path]) -> dict[str, list[dict[str, Any]]]:
     runs: dict[str, list[dict[str, Any]]] = {"this checkout, every check on (defaults)": [], "this checkout, the issue's checks off": []}
-    runs.update({f"before: {b.name}": [] for b in baselines})
+    runs.update({before(b): [] for b in baselines})
     for _run in range(repeat):
         runs["this checkout, every check on (defaults)"].append(local_playbook("plain"))
         runs["this checkout, the issue's checks off"].append(local_playbook("plain", extra=OFF))
         for b in baselines:
-            runs[f"before: {b.name}"].append(local_playbook("plain", root=b))
+            runs[before(b)].append(local_playbook("plain", root=b))
     return runs
 
 
