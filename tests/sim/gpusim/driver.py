@@ -58,6 +58,8 @@ from .teardown import TeardownFS
 KINDS = ("compute", "graphics", "mps")
 
 MIB = 1 << 20
+#: How often a gradual teardown (``release_gradual``) lowers a dying context's memory.
+GRADUAL_STEP_NS = 250_000_000
 
 
 @dataclass
@@ -335,8 +337,26 @@ class Driver:
 
     def _expire(self, ctx: Context) -> None:
         """Delete the record once the release time has passed (the library
-        already ignores it from release_ns on; deleting just tidies up)."""
+        already ignores it from release_ns on; deleting just tidies up). With
+        ``release_gradual``, the record's memory goes down step by step until then."""
         assert ctx.release_ns is not None
+        try:
+            gradual = bool(self.desc().release_gradual)
+        except OSError:
+            gradual = False
+        if gradual and ctx.dead_ns is not None and ctx.release_ns > ctx.dead_ns:
+            whole, span = ctx.mib, ctx.release_ns - ctx.dead_ns
+            while True:
+                left = ctx.release_ns - time.monotonic_ns()
+                if left <= GRADUAL_STEP_NS:
+                    break
+                time.sleep(GRADUAL_STEP_NS / 1e9)
+                with self.mutex:
+                    ctx.mib = max(0, whole * (ctx.release_ns - time.monotonic_ns()) // span)
+                try:
+                    write_record(self.state, ctx)
+                except OSError:
+                    return  # state dir removed: the node is gone
         delay = (ctx.release_ns - time.monotonic_ns()) / 1e9
         if delay > 0:
             time.sleep(delay)
