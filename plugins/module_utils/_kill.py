@@ -213,14 +213,13 @@ class Kill:
         """One round's stop: the live roots alone with their servers' grace, then the rest, then the trackers."""
         roots = [e for e in entries if e.step == ROOT and not e.victim.done and not _signals.exiting(e.victim.pid, e.victim.identity)]
         stopping = self._stop_roots(roots, start) if roots else None
-        rest = [e for e in entries if e.step != TRACKER and not e.victim.done]
         if stopping is not None:
-            for e in rest:
-                if e.step != ROOT and _signals.exited(e.victim):
+            for e in entries:
+                if e.step != ROOT and not e.victim.done and _signals.exited(e.victim):
                     # Its server's own stop ended it (SGLang's launcher kills its tree once its schedulers have exited).
                     e.victim.outcome, e.victim.seconds, e.victim.ended_by = "stopped", round(self.clock() - stopping, 4), "server_stop"
                     _signals.close(e.victim)
-        rest = [e for e in rest if not e.victim.done]
+        rest = [e for e in entries if e.step != TRACKER and not e.victim.done]
         # A process whose GPU teardown is under way is waited for until the deadline; past it, while it makes progress.
         _signals.escalate(
             [e.victim for e in rest],

@@ -298,6 +298,8 @@ def escalate(
             v.wchan = _proctable.wchan(v.pid)
             v.outcome, v.seconds = "unkillable", round(end - start, 4)
     for v in live:
+        if v.outcome == "terminated" and (v.first or first) == "KILL":
+            v.outcome = "killed"  # its first signal was SIGKILL (a root that had its TERM and its grace)
         if v.ended_by is None and v.outcome != "unkillable":
             v.ended_by = ended_by(v, v.first or first)
     for v in victims:

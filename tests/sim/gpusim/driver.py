@@ -313,6 +313,7 @@ class Driver:
                         write_record(self.state, ctx)
                     except OSError:
                         pass
+                    self._gradual(ctx)
                 if ctx.release_ns is not None:
                     releases.append(ctx.release_ns)
         return max(releases) if releases else None
@@ -333,30 +334,36 @@ class Driver:
                 write_record(self.state, ctx)
             except OSError:
                 return  # state dir removed: the node is gone
+            self._gradual(ctx)
         self._expire(ctx)
 
-    def _expire(self, ctx: Context) -> None:
-        """Delete the record once the release time has passed (the library
-        already ignores it from release_ns on; deleting just tidies up). With
-        ``release_gradual``, the record's memory goes down step by step until then."""
-        assert ctx.release_ns is not None
+    def _step_down(self, ctx: Context) -> None:
+        """With ``release_gradual``: lower a dying context's memory step by step from its death to its release, rewriting
+        its record (the library reads it on every call), as a long teardown frees what it can as it goes."""
+        assert ctx.release_ns is not None and ctx.dead_ns is not None
+        whole, span = ctx.mib, max(1, ctx.release_ns - ctx.dead_ns)
+        while ctx.release_ns - time.monotonic_ns() > GRADUAL_STEP_NS:
+            time.sleep(GRADUAL_STEP_NS / 1e9)
+            with self.mutex:
+                ctx.mib = max(0, whole * (ctx.release_ns - time.monotonic_ns()) // span)
+            try:
+                write_record(self.state, ctx)
+            except OSError:
+                return  # state dir removed: the node is gone
+
+    def _gradual(self, ctx: Context) -> None:
+        """Start :meth:`_step_down` for a context just stamped dead, when the node asks for gradual teardowns."""
         try:
             gradual = bool(self.desc().release_gradual)
         except OSError:
             gradual = False
-        if gradual and ctx.dead_ns is not None and ctx.release_ns > ctx.dead_ns:
-            whole, span = ctx.mib, ctx.release_ns - ctx.dead_ns
-            while True:
-                left = ctx.release_ns - time.monotonic_ns()
-                if left <= GRADUAL_STEP_NS:
-                    break
-                time.sleep(GRADUAL_STEP_NS / 1e9)
-                with self.mutex:
-                    ctx.mib = max(0, whole * (ctx.release_ns - time.monotonic_ns()) // span)
-                try:
-                    write_record(self.state, ctx)
-                except OSError:
-                    return  # state dir removed: the node is gone
+        if gradual:
+            threading.Thread(target=self._step_down, args=(ctx,), daemon=True).start()
+
+    def _expire(self, ctx: Context) -> None:
+        """Delete the record once the release time has passed (the library
+        already ignores it from release_ns on; deleting just tidies up)."""
+        assert ctx.release_ns is not None
         delay = (ctx.release_ns - time.monotonic_ns()) / 1e9
         if delay > 0:
             time.sleep(delay)
