@@ -92,3 +92,35 @@ def test_every_server_residue_row_and_port_is_judged_by_the_orphan_rules(mod, sh
     assert [o["pid"] for o in api["owners"]] == [vllm_api.ns_pid] and api["owners"][0]["matches"] == "^VLLM::"
     assert (recs[web.info["port"]]["state"], recs[web.info["port"]]["owners"][0]["name"]) == ("listening", "nginx")
     assert f"port {web.info['port']}" not in r["msg"]
+
+
+def test_what_the_kill_of_the_same_run_released_goes_at_once_and_check_mode_says_so(mod, node, shm_sandbox, stand_in_tmp: Path) -> None:
+    sandbox, work = shm_sandbox, stand_in_tmp
+    # A server crashed seconds ago: its detokenizer, still alive, holds a queue and binds a socket made a moment ago.
+    queue = Path(f"/proc/{sandbox.init_pid}/root/dev/shm/psm_0a1b2c3d")
+    queue.write_bytes(b"\0" * 4096)
+    socket_path = work / "tmp0a1b2c3d"
+    holder = spawn(sandbox, "hold", "--comm", "sglang::detokeni", "--map", "/dev/shm/psm_0a1b2c3d", "--bind", socket_path)
+    # Beside it, a segment nobody was seen holding, as young: a server starting now may be about to map it.
+    beside = Path(f"/proc/{sandbox.init_pid}/root/dev/shm/psm_99887766")
+    beside.write_bytes(b"\0" * 4096)
+    args = {
+        "phases": ["preflight", "kill", "residue"],
+        "verify": {"device_dir": str(node.dev_dir), "cuda_probe": False, "health": False},
+        "kill": {"device_dir": str(node.dev_dir), "patterns": ["^sglang::"], "grace_period": 2},
+        "residue": {"shm": ["/dev/shm/psm_*"], "sockets": [f"{work}/tmp????????"], "min_age": 600},
+    }
+    check = mod("clean_slate_node", args, check=True)
+    assert check["_status"] == "ok", check
+    assert [x["pid"] for x in check["kill"]["targets"]] == [holder.ns_pid]
+    planned = {x["path"]: x for x in check["residue"]["removed"]}
+    assert set(planned) == {"/dev/shm/psm_0a1b2c3d", str(socket_path)} and all(x["released_by"] == [holder.ns_pid] for x in planned.values())
+    assert [x["path"] for x in check["residue"]["kept"]] == ["/dev/shm/psm_99887766"] and holder.alive()
+    run = mod("clean_slate_node", args)
+    assert run["_status"] == "ok", run
+    removed = {x["path"]: x for x in run["residue"]["removed"]}
+    # Exactly what check mode said: the detokenizer's files go, younger than min_age, since this run's kill ended
+    # their only holder; the segment nobody was seen holding stays for min_age.
+    assert set(removed) == set(planned) and all(x["released_by"] == [holder.ns_pid] for x in removed.values())
+    assert [x["path"] for x in run["residue"]["kept"]] == ["/dev/shm/psm_99887766"]
+    assert not queue.exists() and not os.path.lexists(socket_path) and beside.exists()
