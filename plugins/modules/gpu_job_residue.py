@@ -38,7 +38,9 @@ description:
     that server runs in its scope. All are reported in RV(kept) with why; check mode applies the same rules.
   - Run by M(gpuops.clean_slate.clean_slate_node) right after its kill, an item whose holders (read right before the
     kill) were all ended by that kill is orphaned at once, whatever its age (RV(removed[].released_by)), since no
-    server starting now holds it. Check mode reports the same for the holders the kill would end.
+    server starting now holds it. In check mode, where nothing is ended, such an item is still held and listed in
+    RV(held) as before, with RV(held[].released_by) and why (the run removes it right after its kill), and counted in
+    RV(summary.released).
   - Paths are walked one component at a time from directory file descriptors without following any symbolic link, so
     no pattern leaves its root; right before each unlink the item is checked again through its directory and must
     still be the file that was judged, with one name only (a file with another hard link is left alone, since a
@@ -381,7 +383,8 @@ msg:
   type: str
   sample: 12 stale segments (3.1 GiB) removed, port 30000 free
 summary:
-  description: Counts over everything found (not limited by O(list_limit)), the state of every port, the zombies, a
+  description: Counts over everything found (not limited by O(list_limit)), the state of every port (those of
+    O(server_ports) under C(server_ports)), the zombies, a
     few paths of each list, and RV(msg).
   returned: always
   type: dict
@@ -395,6 +398,7 @@ summary:
     errors: 0
     kinds: {"shm": {"removed": 12, "bytes": 3328599654, "held": 1, "kept": 1, "stale": 0}}
     ports: {"30000": free}
+    server_ports: {"8000": free, "29500": free}
     zombies: 0
     non_reaping: []
     paths: {"removed": ["/dev/shm/nccl-a1B2c3"], "held": ["/dev/shm/nccl-Zz9y8x (812 nv-hostengine)"],
@@ -441,7 +445,8 @@ removed:
 held:
   description: Items kept because a live process holds them, with up to 10 holders each (C(pid), C(name), C(cmdline),
     C(how) - V(fd), V(mmap), V(lock), V(bound), V(cwd) or V(root), for a lock file also V(cwd in its directory) -
-    C(protected), C(container)).
+    C(protected), C(container)). In check mode run by M(gpuops.clean_slate.clean_slate_node), one held only by processes
+    its kill would end also has C(released_by) (their pids) and C(why).
   returned: always
   type: list
   elements: dict

@@ -113,8 +113,12 @@ def test_what_the_kill_of_the_same_run_released_goes_at_once_and_check_mode_says
     check = mod("clean_slate_node", args, check=True)
     assert check["_status"] == "ok", check
     assert [x["pid"] for x in check["kill"]["targets"]] == [holder.ns_pid]
-    planned = {x["path"]: x for x in check["residue"]["removed"]}
+    # Check mode ends nothing, so the detokenizer still holds its files (listed as held, as ever), and says what the run
+    # does with them: held only by what its kill ends, they go right after it, whatever their age.
+    planned = {x["path"]: x for x in check["residue"]["held"]}
     assert set(planned) == {"/dev/shm/psm_0a1b2c3d", str(socket_path)} and all(x["released_by"] == [holder.ns_pid] for x in planned.values())
+    assert all(x["why"].startswith("held only by processes this run's kill ends") for x in planned.values())
+    assert check["residue"]["removed"] == [] and check["residue"]["summary"]["released"] == 2
     assert [x["path"] for x in check["residue"]["kept"]] == ["/dev/shm/psm_99887766"] and holder.alive()
     run = mod("clean_slate_node", args)
     assert run["_status"] == "ok", run
@@ -122,5 +126,6 @@ def test_what_the_kill_of_the_same_run_released_goes_at_once_and_check_mode_says
     # Exactly what check mode said: the detokenizer's files go, younger than min_age, since this run's kill ended
     # their only holder; the segment nobody was seen holding stays for min_age.
     assert set(removed) == set(planned) and all(x["released_by"] == [holder.ns_pid] for x in removed.values())
+    assert run["residue"]["summary"]["released"] == 2
     assert [x["path"] for x in run["residue"]["kept"]] == ["/dev/shm/psm_99887766"]
     assert not queue.exists() and not os.path.lexists(socket_path) and beside.exists()

@@ -199,17 +199,17 @@ def _judge(
 
 
 def release(judged: list[walk.Item], handoff: Handoff, holders: owners.Holders) -> None:
-    """Mark what this run's kill released: an item whose holders (before the kill, or still now in check mode, where
-    nothing was ended) are all processes the kill ended goes at once, whatever its age (``keep.apply``)."""
+    """Mark what this run's kill released: an item whose holders before the kill are all processes the kill ended goes
+    at once, whatever its age (``keep.apply``). In check mode nothing was ended, so such an item is still held (and
+    listed there, as before), with ``released_by`` and why: the run removes it right after its kill."""
     if not handoff.ended:
         return
     for item in judged:
         if item.verdict == "held":
-            # Check mode: the kill only planned, so its targets still hold what they held.
             now = {holders.ident(pid) for pid in item.holder_pids}
             if now and now <= handoff.ended:
-                item.verdict, item.holders = "remove", []
                 item.released = sorted(pid for pid, _start in now)
+                item.why = "held only by processes this run's kill ends: the run removes it right after the kill, whatever its age"
         elif item.verdict == "remove":
             before = handoff.before.get(item.key)
             if before and before <= handoff.ended:

@@ -53,6 +53,8 @@ def message(summary: dict[str, t.Any], ports: list[dict[str, t.Any]], check_mode
         parts.append("no stale residue")
     if summary["held"]:
         parts.append(f"{summary['held']} held by live processes (kept)")
+    if check_mode and summary.get("released"):
+        parts.append(f"{summary['released']} of them held only by what the kill ends (removed after it)")
     if summary["kept"]:
         parts.append(f"{summary['kept']} unheld but kept (a live creator, or younger than min_age)")
     if summary["stale"]:
@@ -135,7 +137,10 @@ def report(
         "ignored": len(lists["ignored"]),
         "errors": len(lists["errors"]),
         "kinds": kinds,
-        "ports": {(str(p["port"]) if p["container"] is None else f"{p['container']}:{p['port']}"): p["state"] for p in ports},
+        "ports": {(str(p["port"]) if p["container"] is None else f"{p['container']}:{p['port']}"): p["state"] for p in ports if "server" not in p},
+        "server_ports": {(str(p["port"]) if p["container"] is None else f"{p['container']}:{p['port']}"): p["state"] for p in ports if "server" in p},
+        # What this run's kill released (removed whatever its age; in check mode still held, listed with released_by).
+        "released": sum(1 for i in items if i.released and i.verdict in ("remove", "removed", "held")),
         "zombies": len(zombie_list),
         "non_reaping": [p["why"] for p in non_reaping],
         "paths": {

@@ -48,10 +48,11 @@ through the simulation's ``timing``):
 * vLLM's API server on SIGTERM: TERMs the engine core, waits up to 5 s for it, SIGKILLs its tree if it is still
   there, closes its sockets and exits. The engine core on SIGTERM: tells its workers to stop (their death pipes), waits
   5 s, TERMs the rest, waits 4 s, SIGKILLs them, removes its queue and exits. A worker stops gracefully on its death
-  pipe or on SIGTERM (its queue and IPC segment removed).
-* Python's resource tracker of each server holds the names its spawn-context semaphores and its
-  ``multiprocessing.shared_memory`` segments (SGLang's broadcast queue, vLLM's queues) were registered under, and
-  unlinks what is still registered when its last client is gone (only with the real ``/dev/shm``).
+  pipe (its queue and IPC segment removed); a SIGTERM sent to it directly ends it at once (vLLM's worker would run its
+  handler's teardown: not simulated, so such a stop leaves the raw crash's residue).
+* Python's resource tracker of each server holds the names its spawn-context semaphores were registered under, and
+  unlinks what is still registered when its last client is gone. (The servers' queues are not registered here:
+  ``register`` does it for a test that wants them to be.)
 
 Run as ``python -I _server_proc.py ROLE JSON`` (children) or through the ``sglang``/``vllm`` stubs
 gpusim.servers writes (the launcher and the API server, so that their command lines are the real
@@ -427,7 +428,6 @@ def sglang_scheduler(cfg):
             # The TP group's broadcast queue (shm_broadcast.ShmRingBuffer, make_shm_name("mq")), its publisher port.
             info["mq"] = segment(f"{cfg['shm']}/sgl_shm_mq_{pid}_{uuid.uuid4().hex[:8]}", cfg["mq_kib"] * 1024, held=True)
             info["shm"].append(info["mq"])
-            register(cfg, "/" + os.path.basename(info["mq"]))  # shared_memory.SharedMemory(name=..., create=True)
             info["ports"]["zmq"] = listen(0, "the broadcast queue's publisher")
             loads = loads_path(cfg["shm"], cfg["scheduler_ipc"])
             # LoadSnapshotWriter: open(O_CREAT | O_RDWR), ftruncate, mmap; one slot per dp rank.
@@ -620,10 +620,8 @@ def vllm_worker(cfg):
     info = {"pid": pid, "title": title, "gpu": cfg["gpu"], "shm": [], "ports": {}}
     try:
         attach(cfg["mq"])  # the engine's broadcast queue, as a reader
-        # Its response queue: MessageQueue -> ShmRingBuffer -> SharedMemory(create=True): "psm_<hex>", registered with
-        # the resource tracker.
+        # Its response queue: MessageQueue -> ShmRingBuffer -> SharedMemory(create=True): "psm_<hex>".
         info["shm"].append(segment(f"{cfg['shm']}/psm_{os.urandom(4).hex()}", cfg["mq_kib"] * 1024, held=True))
-        register(cfg, "/" + os.path.basename(info["shm"][-1]))
         rank_residue(dict(cfg, torch_ipc=False), info, pid)
         if cfg["tp_rank"] == 0:
             info["ports"]["store"] = listen(cfg["store_port"], "the torch.distributed store (distributed_init_method)")
@@ -632,9 +630,10 @@ def vllm_worker(cfg):
     except OSError as exc:
         fail(cfg, f"{title}: {exc.strerror or exc} creating its queues in {cfg['shm']}")
     report(cfg, info)
-    # Its death pipe closed by a stopping engine core, or SIGTERM (worker_main's handler): it stops gracefully, its
-    # queue (the creator unlinks it) and IPC segment removed.
-    become_gpu_process(cfg, title, unlink=info["shm"], graceful_term=True)
+    # Its death pipe closed by a stopping engine core: it stops gracefully, its queue (the creator unlinks it) and IPC
+    # segment removed. A SIGTERM sent to it directly ends it at once here (its handler's teardown is not simulated: the
+    # residue of such a stop is the raw crash's, the most a stop can leave).
+    become_gpu_process(cfg, title, unlink=info["shm"])
 
 
 def vllm_engine_core(cfg):
@@ -647,7 +646,6 @@ def vllm_engine_core(cfg):
         # rpc_broadcast_mq: the scheduler output to every worker.
         cfg["mq"] = segment(f"{cfg['shm']}/psm_{os.urandom(4).hex()}", cfg["mq_kib"] * 1024, held=True)
         info["shm"].append(cfg["mq"])
-        register(cfg, "/" + os.path.basename(cfg["mq"]))
         info["ports"]["zmq"] = listen(0, "the broadcast queue's publisher")
         raise_on_term()  # EngineCore's signal handler (raises SystemExit in the busy loop)
         for t in range(cfg["tp"]):

@@ -256,9 +256,10 @@ def test_what_this_runs_kill_released_goes_whatever_its_age(short_tmp: Path) -> 
         before = module.holders_before(req)
         ident = keep_ident(holder.pid)
         assert before == {(os.stat(young).st_dev, os.stat(young).st_ino): frozenset({ident})}
-        # Check mode: the kill only plans to end the holder; the run would then remove the file.
+        # Check mode: the kill only plans to end the holder, which still holds the file; the run removes it after.
         check = module.run(req, check_mode=True, handoff=module.Handoff(before=before, ended=frozenset({ident})))
-        assert [(x["path"], x["released_by"]) for x in check["removed"]] == [(str(young), [holder.pid])]
+        assert [(x["path"], x["released_by"]) for x in check["held"]] == [(str(young), [holder.pid])] and check["removed"] == []
+        assert "1 of them held only by what the kill ends (removed after it)" in check["msg"]
         assert [x["path"] for x in check["kept"]] == [str(other)]
     finally:
         holder.kill()
