@@ -389,7 +389,12 @@ def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
             n1,
             clean_slate_profiles=["sglang", "vllm", "torchrun"],
             clean_slate_profile_definitions={
-                "torchrun": {"processes": {"roots": ["torchrun"]}, "ports": [{"name": "master", "port": 70000}], "residue": {"shm": ["/etc/torch-*"]}, "prots": 1}
+                "torchrun": {
+                    "processes": {"roots": ["torchrun"]},
+                    "ports": [{"name": "master", "port": 70000}],
+                    "residue": {"shm": ["/etc/torch-*"]},
+                    "prots": 1,
+                }
             },
         ),
     }
