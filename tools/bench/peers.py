@@ -80,8 +80,8 @@ class Scene:
         self.node = node
         self.sandbox = node.sandbox()
         private_shm(self.sandbox, size="512m")
-        self.tmp = tempfile.mkdtemp(prefix="p-", dir=ROOT / ".build")
-        os.chmod(self.tmp, 0o777)
+        self.tmp = "/tmp"  # the sandbox's own
+        self.work = Path(tempfile.mkdtemp(prefix="run-", dir=OUT))  # the controller's: the role's inventory
         self.server = start_sglang(node, sandbox=self.sandbox, tmp=self.tmp, tp=tp, port=0, nccl_port=0, mib=100000, tokenizer_workers=2)
         self.daemons = [node.spawn_daemon(name, sandbox=self.sandbox) for name in DAEMONS]
         self.job = spawn(self.sandbox, "job", "--tmp", self.tmp, "--comm", "pt_main_thread")
@@ -111,6 +111,7 @@ class Scene:
     def stop(self) -> None:
         self.server.stop()
         self.sandbox.stop()
+        self.node.wait_clean(timeout=30)  # the next scene starts on GPUs whose memory is back
 
 
 def run_peer(scene: Scene, modules: dict[str, Path], names: list[str]) -> None:
@@ -126,7 +127,7 @@ def run_pipeline(scene: Scene) -> None:
 
 def run_role(scene: Scene) -> None:
     host = {"clean_slate_device_dir": str(scene.node.dev_dir), "clean_slate_residue_min_age": 2, "clean_slate_grace_period": 10}
-    inv = local_inventory(Path(scene.tmp) / "inventory.yml", {"gpu-node-1": host})
+    inv = local_inventory(scene.work / "inventory.yml", {"gpu-node-1": host})
     env = scene.node.env()
     env["PATH"] = f"{VENV / 'bin'}:{scene.node.bin_dir}:{os.environ.get('PATH', '')}"
     run_playbook(ROOT / "playbooks" / "clean_slate.yml", inventory=inv, env=env, wrapper=scene.sandbox.nsenter_prefix())
