@@ -582,7 +582,7 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "require_no_processes": {"type": "bool", "default": True},
         "timeout": {"type": "float", "default": 30},
         "progress_timeout": {"type": "float", "default": 120},
-        "progress_window": {"type": "float", "default": PROGRESS_WINDOW_S},
+        "progress_window": {"type": "float", "default": 10},
         "interval": {"type": "float", "default": 0.1},
         "probe_timeout": {"type": "float", "default": 10},
         "fail_on_dirty": {"type": "bool", "default": True},

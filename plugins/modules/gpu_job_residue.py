@@ -39,8 +39,8 @@ description:
   - Run by M(gpuops.clean_slate.clean_slate_node) right after its kill, an item whose holders (read right before the
     kill) were all ended by that kill is orphaned at once, whatever its age (RV(removed[].released_by)), since no
     server starting now holds it. In check mode, where nothing is ended, such an item is still held and listed in
-    RV(held) as before, with RV(held[].released_by) and why (the run removes it right after its kill), and counted in
-    RV(summary.released).
+    RV(held) as before, with C(released_by) and why (the run removes it right after its kill), and counted in
+    C(summary.released).
   - Paths are walked one component at a time from directory file descriptors without following any symbolic link, so
     no pattern leaves its root; right before each unlink the item is checked again through its directory and must
     still be the file that was judged, with one name only (a file with another hard link is left alone, since a

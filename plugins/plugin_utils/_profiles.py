@@ -248,12 +248,28 @@ def port_override_problems(overrides: t.Any, profiles: dict[str, t.Any], applied
     return out
 
 
+def names_of(value: t.Any) -> list[str]:
+    """clean_slate_profiles as a list of names: a list, or text (a survey answer: ``sglang,vllm``, ``[sglang, vllm]``)."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                parsed = yaml.safe_load(text)
+            except yaml.YAMLError:
+                parsed = None
+            if isinstance(parsed, list):
+                return [str(v) for v in parsed]
+        return [p.strip() for p in text.split(",") if p.strip()]
+    return []
+
+
 def refusals(given: t.Mapping[str, t.Any], role_path: str) -> list[str]:
     """The role's refusals of its profile variables (clean_slate_profiles, clean_slate_profile_definitions,
     clean_slate_server_ports), one sentence each; the argument spec has checked their types."""
     definitions = given.get("clean_slate_profile_definitions") or {}
-    names = given.get("clean_slate_profiles")
-    names = names if isinstance(names, list) else ["sglang", "vllm"] if names is None else []
+    names = names_of(given.get("clean_slate_profiles", ["sglang", "vllm"]))
     roots = documented(given.get("clean_slate_residue_roots"))
     out: list[str] = []
     if isinstance(definitions, dict):
@@ -293,7 +309,7 @@ def _within(globs: t.Iterable[str], roots: list[tuple[str, ...]], kind: str) -> 
 def resolve(names: t.Any, role_path: str, definitions: t.Any = None, ports: t.Any = None, roots: t.Any = None) -> dict[str, t.Any]:
     """The options the profiles ``names`` (in order) add to the kill and residue phases. A profile :func:`problems`
     refuses, or one that does not exist, adds nothing (the role refuses the host for it before anything runs)."""
-    names = names if isinstance(names, list) else []
+    names = names_of(names)
     root_list = documented(roots)
     parsed_roots = _roots(roots if isinstance(roots, list) else walk.DEFAULT_ROOTS)
     profiles = catalog(role_path, definitions)

@@ -88,6 +88,9 @@ def test_a_user_adds_a_profile_in_yaml_and_sets_a_servers_port() -> None:
     assert [p["port"] for p in r["ports"] if p["server"] == "sglang"] == [31000, *range(31233, 31240)]
     assert "/tmp/torchelastic_*" in r["dirs"] and "(^|/)torchrun( |$)" in r["patterns"]
     assert role_refusals({"clean_slate_profiles": ["sglang", "torchrun"], "clean_slate_profile_definitions": {"torchrun": TORCHRUN}}, ROLE) == []
+    # A survey answer is text: its names are checked as a list's.
+    assert any("'torchrn'" in r for r in role_refusals({"clean_slate_profiles": "sglang,torchrn"}, ROLE))
+    assert server_profiles("[sglang]", ROLE)["servers"][0]["name"] == "sglang"
     # A user's profile of a role's name replaces it; none applies none.
     assert server_profiles(["vllm"], ROLE, {"vllm": {"processes": {"roots": ["myvllm"]}}})["servers"] == [{"name": "vllm", "roots": ["myvllm"]}]
     assert server_profiles([], ROLE)["servers"] == [] and server_profiles([], ROLE)["ports"] == []
