@@ -134,7 +134,7 @@ def run_role(scene: Scene) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--version", default="0.5.23", help="the SGLang release whose modules are compared")
     args = ap.parse_args()

@@ -74,7 +74,7 @@ def scenario(name: str, node: Node, sandbox: t.Any, tmp: str, tp: int, slow_ms: 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--slow-teardown-ms", type=int, default=4000)
     args = ap.parse_args()

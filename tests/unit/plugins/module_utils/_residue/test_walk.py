@@ -117,8 +117,8 @@ def test_a_directory_is_recognised_by_what_it_holds_and_nothing_else(short_tmp: 
     glob = walk.parse_holding("dirs_holding", {"dir": f"{short_tmp}/tmp????????", "files": "*_[0-9]*.db"})
     notes: list[str] = []
     roots = walk.open_roots([])
+    items, walkers = walk.collect([glob], roots, notes)
     try:
-        items, walkers = walk.collect([glob], roots, notes)
         assert [i.path for i in items] == [str(prometheus)] and notes == []
         assert items[0].kind == "dirs" and set(items[0].tree_names) == {prometheus.name, "counter_4242.db", "gauge_all_4242.db"}
     finally:
