@@ -112,6 +112,8 @@ bench: setup
 	tools/pidns-run $(PY) tools/bench/role.py
 	tools/pidns-run $(PY) tools/bench/fleet.py
 	tools/pidns-run $(PY) tools/bench/residue.py
+	tools/pidns-run $(PY) tools/bench/server_stop.py
+	tools/pidns-run $(PY) tools/bench/peers.py
 	tools/pidns-run $(PY) tools/bench/sim.py
 	tools/pidns-run $(PY) tools/bench/probe.py
 

@@ -21,7 +21,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.parsing.splitter import parse_kv
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _outcome
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _record
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _profiles, _record
 
 #: Variables named clean_slate_* that are not options of the role but that users and the role set legitimately: the
 #: playbook's host pattern, the role's result and the reading its hook sees.
@@ -108,11 +108,17 @@ def role_refusals(given: t.Any, role_path: t.Any, mode: t.Any = None, host: t.An
     """One sentence per refused role variable (see role_refusals.yml): ``given`` maps the host's clean_slate_* variables
     to their values, checked against meta/argument_specs.yml with the validator of ansible.builtin.validate_argument_spec
     (the same call, so the same words), and every name the spec does not know is refused with the nearest known one.
-    With ``mode`` (the host's clean_slate_mode, auto resolved), also what the spec cannot say (:func:`_beyond_spec`)."""
+    The server profiles' contents are checked too (plugin_utils/_profiles: unknown keys, ports, patterns, globs outside
+    the roots). With ``mode`` (the host's clean_slate_mode, auto resolved), also what the spec cannot say
+    (:func:`_beyond_spec`)."""
     if not isinstance(given, dict):
         raise AnsibleFilterError("role_refusals: the input must map the host's clean_slate_* variables to their values")
     beyond = _beyond_spec(given, str(mode), str(host or ""), str(wheels_path or "")) if mode is not None else []
-    return _spec_refusals(given, role_path) + beyond
+    spec = _spec_refusals(given, role_path)
+    # The profiles' own contents (the spec says only that they are a list and dictionaries), once their types are right.
+    typed = not any(s.startswith(("clean_slate_profile", "clean_slate_server_ports", "clean_slate_residue_roots")) for s in spec)
+    profiles = _profiles.refusals({k: _plain(v) for k, v in given.items()}, str(role_path)) if typed else []
+    return spec + profiles + beyond
 
 
 def _beyond_spec(given: dict[str, t.Any], mode: str, host: str, wheels_path: str) -> list[str]:

@@ -18,6 +18,15 @@ there then is reported, never passed over.
 Every victim is recorded before it is signalled, so whatever fails later, the
 caller can still report every signal sent (:attr:`Kill.ended`).
 
+Each round stops the servers in their own order (:mod:`._stop`): a live root of a
+server (``servers``: the server profiles' launchers and API servers) first, alone,
+with its server's grace, so that the server tears itself down; then what is left
+(the tree's members its stop did not end, and every other target) as before; a
+resource tracker last, once its clients are gone (``spare_trackers``). A round
+without a live root (a crash: the root is dead, its workers reparented) goes
+straight to the rest. Each target's record says which step it was in (``step``)
+and how it ended (``ended_by``).
+
 It is also the gpu_procs_kill module's logic (:class:`ModuleRun`): its
 options, the request, the rounds, the result; the container lookup (pct) is
 handed in, so that this file does not depend on it.
@@ -34,29 +43,55 @@ from dataclasses import dataclass
 
 from ansible.module_utils.basic import missing_required_lib
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _checks, _nvml, _probe, _procs, _protection, _reasons, _scope, _signals
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import (
+    _checks,
+    _nvml,
+    _probe,
+    _procs,
+    _proctable,
+    _protection,
+    _reasons,
+    _scope,
+    _signals,
+    _stop,
+)
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._procs import Candidate, Plan
+
+#: The steps of a round (the ``step`` of a target's record), in order.
+ROOT, TREE, TRACKER = "root", "tree", "tracker"
 
 
 @dataclass
 class Ended:
-    """One target, the pinned process behind it and the round that found it."""
+    """One target, the pinned process behind it, the round that found it and its step in that round's stop."""
 
     candidate: Candidate
     victim: _signals.Victim
     round: int
+    step: str = TREE
+    server: _stop.Server | None = None  # a root's server
+    why: str | None = None  # a spared tracker: who still needs it
 
     def record(self) -> dict[str, t.Any]:
         """The target record the module returns."""
         rec = self.candidate.record()
         v = self.victim
-        rec.update(signals_sent=list(v.signals_sent), outcome=v.outcome, seconds=v.seconds, round=self.round)
+        rec.update(signals_sent=list(v.signals_sent), outcome=v.outcome, seconds=v.seconds, round=self.round, step=self.step, ended_by=v.ended_by)
+        if self.server is not None:
+            rec.update(server=self.server.name, grace=self.server.grace)
+        if self.why:
+            rec["why"] = self.why
         if v.teardown_s is not None:
             rec["teardown_s"] = v.teardown_s
         if v.outcome == "unkillable":
             rec.update(state=v.state, wchan=v.wchan, exiting=v.exiting_since is not None)
         return rec
+
+
+def _comm(pid: int) -> str:
+    st = _proctable.read_stat(pid)
+    return st["comm"] if st else "?"
 
 
 def _key(c: Candidate) -> tuple[int, t.Any]:
@@ -80,6 +115,12 @@ class Kill:
         kill_timeout: float = 10.0,
         deadline: float = 40.0,
         clock: t.Callable[[], float] = time.monotonic,
+        servers: t.Sequence[_stop.Server] = (),
+        spare_trackers: bool = False,
+        tracker_timeout: float = 2.0,
+        progress: t.Callable[[list[_signals.Victim]], bool] | None = None,
+        teardown_timeout: float | None = None,
+        teardown_stall: float = 10.0,
     ) -> None:
         self._discover = discover
         self.first = first
@@ -87,6 +128,13 @@ class Kill:
         self.kill_timeout = kill_timeout
         self.deadline = deadline
         self.clock = clock
+        self.servers = list(servers)
+        self.spare_trackers = spare_trackers
+        self.tracker_timeout = tracker_timeout
+        self.progress = progress
+        self.teardown_timeout = teardown_timeout
+        self.teardown_stall = teardown_stall
+        self.spared: set[tuple[int, t.Any]] = set()
         self.ended: list[Ended] = []
         self.rounds = 0
         self.remaining: list[Candidate] = []
@@ -118,6 +166,17 @@ class Kill:
         return plan
 
     # ------------------------------------------------------------------ rounds
+    def plan(self, targets: t.Sequence[Candidate], round_: int) -> list[Ended]:
+        """Each target's step in a round's stop (a server's root, a resource tracker, the rest), pinned (a victim of a
+        check-mode plan is not: it is never signalled)."""
+        out = []
+        for c in targets:
+            server = _stop.server_of(c.facts.cmdline, self.servers) if self.servers else None
+            fd = _stop.tracker_fd(c.facts.cmdline) if self.spare_trackers else None
+            step = ROOT if server is not None else TRACKER if fd is not None else TREE
+            out.append(Ended(c, _signals.Victim(pid=c.pid, identity=c.identity), round_, step, server))
+        return out
+
     def run(self) -> None:
         """Discover, end, discover again, until a discovery finds nothing new or the deadline passes."""
         done: set[tuple[int, t.Any]] = set()
@@ -127,8 +186,8 @@ class Kill:
             new = [c for c in plan.targets if _key(c) not in done]
             if not new:
                 # Anything still found was already ended once and is back under the same identity:
-                # it did not end, so it is reported rather than trusted gone.
-                self.remaining = [c for c in plan.targets if _key(c) in done]
+                # it did not end, so it is reported rather than trusted gone (a spared tracker is still needed).
+                self.remaining = [c for c in plan.targets if _key(c) in done and _key(c) not in self.spared]
                 return
             now = self.clock()
             if start is not None and now >= start + self.deadline:
@@ -138,19 +197,111 @@ class Kill:
             if start is None:
                 start = now
             self.rounds += 1
-            victims = []
-            for c in new:
-                done.add(_key(c))
-                victim = _signals.pin(c.pid, c.identity)
-                self.ended.append(Ended(c, victim, self.rounds))
-                victims.append(victim)
+            entries = self.plan(new, self.rounds)
+            for e in entries:
+                done.add(_key(e.candidate))
+                e.victim = _signals.pin(e.candidate.pid, e.candidate.identity)
+                self.ended.append(e)
             grace = self.grace_period if self.rounds == 1 else min(self.grace_period, max(0.0, start + self.deadline - now))
-            # A process whose GPU teardown is under way is waited for until the deadline, never beyond it.
-            _signals.escalate(victims, first=self.first, grace_period=grace, kill_timeout=self.kill_timeout, clock=self.clock, deadline=start + self.deadline)
-            if any(v.outcome == "unkillable" for v in victims):
+            self._round(entries, grace, start)
+            if any(e.victim.outcome == "unkillable" for e in entries):
                 # Stuck in the kernel: another round cannot help, and the caller fails with their state.
                 return
             plan = self.discover()
+
+    def _round(self, entries: list[Ended], grace: float, start: float) -> None:
+        """One round's stop: the live roots alone with their servers' grace, then the rest, then the trackers."""
+        roots = [e for e in entries if e.step == ROOT and not e.victim.done and not _signals.exiting(e.victim.pid, e.victim.identity)]
+        stopping = self._stop_roots(roots, start) if roots else None
+        if stopping is not None:
+            for e in entries:
+                if e.step != ROOT and not e.victim.done and _signals.exited(e.victim):
+                    # Its server's own stop ended it (SGLang's launcher kills its tree once its schedulers have exited).
+                    e.victim.outcome, e.victim.seconds, e.victim.ended_by = "stopped", round(self.clock() - stopping, 4), "server_stop"
+                    _signals.close(e.victim)
+        rest = [e for e in entries if e.step != TRACKER and not e.victim.done]
+        # A process whose GPU teardown is under way is waited for until the deadline; past it, while it makes progress.
+        _signals.escalate(
+            [e.victim for e in rest],
+            first=self.first,
+            grace_period=grace,
+            kill_timeout=self.kill_timeout,
+            clock=self.clock,
+            deadline=start + self.deadline,
+            progress=self.progress,
+            cap=None if self.teardown_timeout is None else start + self.teardown_timeout,
+            stall=self.teardown_stall,
+        )
+        trackers = [e for e in entries if e.step == TRACKER and not e.victim.done]
+        if trackers and not any(e.victim.outcome == "unkillable" for e in rest):
+            self._end_trackers(trackers, start)
+
+    def _stop_roots(self, roots: list[Ended], start: float) -> float:
+        """Send each live root the first signal, alone, and wait until it exits or its server's grace passes; one still
+        there then gets SIGKILL with the rest (it had its signal and its time). Returns when the stop began."""
+        began = self.clock()
+        for e in roots:
+            if not _signals.send(e.victim, self.first):
+                e.victim.outcome, e.victim.seconds, e.victim.ended_by = "vanished", 0.0, "gone"
+        pending = [e for e in roots if not e.victim.done]
+
+        def grace(e: Ended) -> float:
+            return e.server.grace if e.server is not None else self.grace_period
+
+        while pending:
+            now = self.clock()
+            late = [e for e in pending if now >= began + grace(e)]
+            for e in late:
+                e.victim.first = "KILL"
+            pending = [e for e in pending if e not in late]
+            if not pending:
+                break
+            until = min(began + grace(e) for e in pending)
+            _signals.wait_exit([e.victim for e in pending], until, began, "terminated", self.clock)
+            for e in pending:
+                if e.victim.done:
+                    e.victim.ended_by = "own_stop"  # it ran its own teardown and exited within its grace
+                    _signals.close(e.victim)
+            pending = [e for e in pending if not e.victim.done]
+        return began
+
+    def _end_trackers(self, trackers: list[Ended], start: float) -> None:
+        """Spare each tracker while a client holds its pipe; give it ``tracker_timeout`` to unlink and exit once the
+        last one is gone; end it when it is still there then. One whose client is not ended by this run stays."""
+        waiting = []
+        for e in trackers:
+            fd = _stop.tracker_fd(e.candidate.facts.cmdline)
+            pipe = _stop.pipe_of(e.victim.pid, fd) if fd is not None else None
+            users = _stop.clients(e.victim.pid, pipe) if pipe is not None else []
+            if users:
+                names = ", ".join(f"PID {p} ({_comm(p)})" for p in users[:5])
+                e.victim.outcome, e.victim.ended_by = "spared", None
+                e.why = (
+                    f"a resource tracker whose client {names} lives and is not ended by this run: spared, it unlinks what its clients"
+                    " registered once they are gone"
+                )
+                self.spared.add(_key(e.candidate))
+                _signals.close(e.victim)
+            else:
+                waiting.append(e)
+        if not waiting:
+            return
+        began = self.clock()
+        _signals.wait_exit([e.victim for e in waiting], began + self.tracker_timeout, began, "stopped", self.clock)
+        for e in waiting:
+            if e.victim.done:
+                e.victim.ended_by = "own_exit"  # its clients gone, it unlinked what they registered and exited
+                _signals.close(e.victim)
+        left = [e.victim for e in waiting if not e.victim.done]
+        if left:
+            _signals.escalate(
+                left,
+                first=self.first,
+                grace_period=min(1.0, self.grace_period),
+                kill_timeout=self.kill_timeout,
+                clock=self.clock,
+                deadline=start + self.deadline,
+            )
 
     # ------------------------------------------------------------------ results
     def targets(self) -> list[dict[str, t.Any]]:
@@ -163,8 +314,9 @@ class Kill:
 # ---------------------------------------------------------------------- options
 def validate(p: t.Mapping[str, t.Any]) -> None:
     """Numbers, paths and combinations of gpu_procs_kill's options; raises before anything is read or signalled."""
-    for name in ("grace_period", "kill_timeout", "deadline"):
-        _checks.number(name, p[name], 0, _checks.MAX_SECONDS, unit="seconds")
+    for name in ("grace_period", "kill_timeout", "deadline", "teardown_timeout", "teardown_stall", "tracker_timeout"):
+        _checks.number(name, p.get(name), 0, _checks.MAX_SECONDS, unit="seconds")
+    _stop.parse_servers(p.get("servers") or [], p["grace_period"])
     _checks.number("probe_timeout", p["probe_timeout"], 0.1, 3600, unit="seconds")
     for vmid in p["containers"]:
         _checks.vmid("containers", vmid)
@@ -234,9 +386,13 @@ def message(check_mode: bool, counts: dict[str, t.Any], targets: list[dict[str, 
     tail = f"; {len(protected)} protected" + (f", {holding} of them holding GPU memory (see the warnings)" if holding else "")
     if check_mode:
         return f"would end {len(targets)} process(es){tail}"
-    text = f"ended {counts['terminated'] + counts['killed']} process(es)"
+    text = f"ended {counts['terminated'] + counts['killed'] + counts.get('stopped', 0)} process(es)"
     if counts["terminated"] and counts["killed"]:
         text += f" ({counts['terminated']} on their first signal, {counts['killed']} needed SIGKILL)"
+    if counts.get("stopped"):
+        text += f"; {counts['stopped']} of them by their server's own stop (its root had its grace) or, a resource tracker, on their own"
+    if counts.get("spared"):
+        text += f"; {counts['spared']} resource tracker(s) spared: a process this run did not end still needs them"
     if counts.get("exited"):
         text += f"; {counts['exited']} were already exiting and were waited for"
     if counts.get("teardown"):
@@ -273,6 +429,11 @@ def outcome(
             rec["round"] = None
         targets.append(rec)
     counts: dict[str, t.Any] = {k: sum(1 for x in targets if x["outcome"] == k) for k in ("terminated", "killed", "exited", "vanished", "unkillable")}
+    for k in ("stopped", "spared"):
+        # Only a stop in a server's own order has them (servers, spare_trackers): counted when there are any.
+        n = sum(1 for x in targets if x["outcome"] == k)
+        if n:
+            counts[k] = n
     # Processes the kill found in their teardown (dying, SIGKILL powerless) and waited for, and the longest wait.
     waits = [x["teardown_s"] for x in targets if x.get("teardown_s") is not None]
     counts["teardown"] = len(waits)
@@ -296,7 +457,7 @@ def outcome(
     }
     if diff:
         before = [f"{x['pid']} {x['name']}" for x in targets]
-        after = [f"{x['pid']} {x['name']}" for x in targets if x["outcome"] == "unkillable"] + [f"{c.pid} {c.facts.comm}" for c in kill.remaining]
+        after = [f"{x['pid']} {x['name']}" for x in targets if x["outcome"] in ("unkillable", "spared")] + [f"{c.pid} {c.facts.comm}" for c in kill.remaining]
         result["diff"] = {"before": "".join(f"{line}\n" for line in before), "after": "".join(f"{line}\n" for line in after)}
     stuck = [x for x in targets if x["outcome"] == "unkillable"]
     if stuck:
@@ -419,9 +580,53 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "grace_period": {"type": "float", "default": 10},
         "kill_timeout": {"type": "float", "default": 10},
         "deadline": {"type": "float"},
+        "servers": {
+            "type": "list",
+            "elements": "dict",
+            "default": [],
+            "options": {
+                "name": {"type": "str", "required": True},
+                "roots": {"type": "list", "elements": "str", "required": True},
+                "grace": {"type": "float"},
+            },
+        },
+        "spare_trackers": {"type": "bool", "default": True},
+        "tracker_timeout": {"type": "float", "default": 2},
+        "teardown_timeout": {"type": "float", "default": 120},
+        "teardown_stall": {"type": "float", "default": 10},
         "device_dir": {"type": "path", "default": "/dev"},
         "probe_timeout": {"type": "float", "default": 10},
     }
+
+
+class Progress:
+    """Whether the teardown of dying victims moved since it was last asked: the used memory of the selected GPUs went
+    down (read through the prober: a hung driver costs its deadline, not the run), or a victim's state, wait channel or
+    CPU time changed (/proc). A teardown in the driver frees its context's memory as it goes; a task stuck on a lock
+    changes none of these."""
+
+    def __init__(self, prober: _probe.Prober | None, gpus: t.Sequence[_nvml.Gpu]) -> None:
+        self.prober = prober
+        self.gpus = [g for g in gpus if g.error is None]
+        self.memory: dict[int, int] = {}
+        self.procs: dict[int, tuple[t.Any, ...]] = {}
+
+    def __call__(self, victims: list[_signals.Victim]) -> bool:
+        moved = False
+        if self.prober is not None and self.gpus:
+            for gpu, answer in zip(self.gpus, self.prober.each(_nvml.NvmlSession.memory, self.gpus)):
+                if answer.error is None and answer.value is not None:
+                    used = int(answer.value.used_mib)
+                    if gpu.index in self.memory and used < self.memory[gpu.index]:
+                        moved = True
+                    self.memory[gpu.index] = used
+        for v in victims:
+            now = _proctable.progress(v.pid)
+            if now is not None and v.pid in self.procs and now != self.procs[v.pid]:
+                moved = True
+            if now is not None:
+                self.procs[v.pid] = now
+        return moved
 
 
 class ModuleRun:
@@ -433,6 +638,7 @@ class ModuleRun:
     def __init__(self, scopes_of: t.Callable[[], list[_scope.Scope]]) -> None:
         self.scopes_of = scopes_of
         self.kill: Kill | None = None
+        self.planned: list[Ended] = []  # check mode: the targets, each with its step
 
     def details(self, _reason: str) -> dict[str, t.Any]:
         """What every failure lists: every signal sent so far (none before the first), and what was protected."""
@@ -459,17 +665,32 @@ class ModuleRun:
                 f"NVML did not answer within probe_timeout ({p['probe_timeout']} s) for GPU(s) {hung}: the driver is hung there; their processes"
                 f" were found through the device files. {_probe.ADVICE}"
             )
-        deadline = p["deadline"] if p["deadline"] is not None else min(_checks.MAX_SECONDS, 2 * (p["grace_period"] + p["kill_timeout"]))
+        servers = _stop.parse_servers(p.get("servers") or [], p["grace_period"])
+        # A root's stop comes before the rest's grace and SIGKILL: the default deadline leaves room for the longest.
+        stop_s = max((s.grace for s in servers), default=0.0)
+        deadline = p["deadline"] if p["deadline"] is not None else min(_checks.MAX_SECONDS, 2 * (p["grace_period"] + p["kill_timeout"]) + stop_s)
         discoveries = [0]
 
         def discover() -> Plan:
             discoveries[0] += 1
             return _procs.discover(request if discoveries[0] == 1 else fresh())
 
-        kill = self.kill = Kill(discover, first=p["signal"], grace_period=p["grace_period"], kill_timeout=p["kill_timeout"], deadline=deadline)
+        kill = self.kill = Kill(
+            discover,
+            first=p["signal"],
+            grace_period=p["grace_period"],
+            kill_timeout=p["kill_timeout"],
+            deadline=deadline,
+            servers=servers,
+            spare_trackers=p.get("spare_trackers", True),
+            tracker_timeout=p.get("tracker_timeout", 2.0),
+            progress=Progress(prober, request.gpus) if request.use_nvml and request.gpus else Progress(None, []),
+            teardown_timeout=p.get("teardown_timeout", 120.0),
+            teardown_stall=p.get("teardown_stall", 10.0),
+        )
         try:
             if module.check_mode:
-                ended = [Ended(c, _signals.Victim(pid=c.pid, identity=c.identity), 0) for c in kill.discover().targets]
+                ended = self.planned = kill.plan(kill.discover().targets, 0)
             else:
                 kill.run()
                 ended = kill.ended

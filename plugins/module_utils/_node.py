@@ -25,7 +25,17 @@ The phases, in order, each only when selected (``phases``):
   (the plan), then the commands only when the plan has targets, then
   gpu_procs_kill for real, with the same options: the plan shown before the
   commands is the kill's own, by construction;
-* ``residue``: gpu_job_residue;
+* ``residue``: gpu_job_residue. With the kill in the same run, who held each
+  candidate is read before the kill, and what the kill ended is handed to it
+  (``_residue.module.Handoff``): a file whose holders this run's kill ended is
+  orphaned at once, whatever its age (in check mode: whose holders the kill
+  would end).
+
+``profiles`` (the role's server profiles, resolved: the ``server_profiles``
+filter) adds to the kill's and the residue phase's options before they are
+checked: process patterns (to both), the servers' stops (``kill.servers``),
+residue globs of each kind, ``dirs_holding``, ``keep_while`` and the ports the
+next starts bind (``residue.server_ports``).
 * ``restore``: gpu_mode_restore (put back the modes the last job changed; in check mode a GPU still in use
   is the expected picture and does not stop the run);
 * ``verify``: gpu_mem_verify.
@@ -99,6 +109,8 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "residue": {"type": "dict", "default": {}},
         "restore": {"type": "dict", "default": {}},
         "pre_stop": {"type": "list", "elements": "str", "default": []},
+        # What the server profiles add to the kill and residue options (merge_profiles).
+        "profiles": {"type": "dict", "default": {}},
         "pre_stop_timeout": {"type": "float", "default": 60},
         # For the action plugin (the interpreter that runs this module; the host's record); the module itself ignores them.
         "python": {"type": "str"},
@@ -158,6 +170,48 @@ def selected_phases(p: t.Mapping[str, t.Any]) -> list[str]:
     return [name for name in PHASES if (p["phases"] is None or name in p["phases"]) and (name != "restore" or p["restore"])]
 
 
+#: What ``profiles`` holds, and the phase option each key joins (a list: added, without repeats, after the given ones).
+PROFILE_KEYS = {
+    "patterns": (("kill", "patterns"), ("residue", "patterns")),
+    "servers": (("kill", "servers"),),
+    **{kind: (("residue", kind),) for kind in residue_module.walk.KINDS},
+    "dirs_holding": (("residue", "dirs_holding"),),
+    "keep_while": (("residue", "keep_while"),),
+    "ports": (("residue", "server_ports"),),
+}
+
+
+def merge_profiles(p: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """The kill's and residue phase's options with what ``profiles`` adds (each list after the given one, no repeats);
+    ``bad_arguments`` naming ``profiles`` for what is not one of its keys or not a list."""
+    profiles = p["profiles"] or {}
+    out = {"kill": dict(p["kill"] or {}), "residue": dict(p["residue"] or {})}
+    unknown = sorted(str(k) for k in profiles if k not in PROFILE_KEYS)
+    if unknown:
+        raise CleanSlateError(
+            f"profiles: unknown key(s) {', '.join(unknown)} (known: {', '.join(PROFILE_KEYS)}).",
+            reason=_reasons.BAD_ARGUMENTS,
+            option="profiles",
+            phase="arguments",
+        )
+    for key, places in PROFILE_KEYS.items():
+        added = profiles.get(key) or []
+        if not isinstance(added, list):
+            raise CleanSlateError(f"profiles: {key} must be a list, got {added!r}.", reason=_reasons.BAD_ARGUMENTS, option="profiles", phase="arguments")
+        if not added:
+            continue
+        for section, option in places:
+            given = out[section].get(option)
+            if given is None:
+                # Not written out: the module's default, then what the profiles add (the default is what they extend).
+                spec = (_kill.argument_spec() if section == "kill" else residue_module.argument_spec())[option]
+                given = list(spec.get("default") or [])
+            if not isinstance(given, list):
+                continue  # the phase's own check refuses it, naming the option
+            out[section][option] = [*given, *(x for x in added if x not in given)]
+    return out
+
+
 def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
     """Every selected phase's options, checked as its own module checks them, before anything runs.
 
@@ -169,6 +223,9 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
     scope = {"containers": p["containers"], "pct_path": p["pct_path"]}
     out: dict[str, dict[str, t.Any]] = {}
     errors: list[CleanSlateError] = []
+    if p.get("profiles"):
+        with refused("arguments", errors):
+            p = {**p, **merge_profiles(p)}
     with refused("arguments", errors):
         _checks.number("pre_stop_timeout", p["pre_stop_timeout"], 0, _checks.MAX_SECONDS, low_open=True, unit="seconds")
         for vmid in p["containers"]:
@@ -180,7 +237,7 @@ def selected_params(p: t.Mapping[str, t.Any]) -> dict[str, dict[str, t.Any]]:
             out["verify"] = {**phase_params("verify", _verify.argument_spec(), p["verify"]), **scope}
             _verify.validate(out["verify"])
             # The before picture: one reading, judged but never failed for being dirty, without the count check.
-            out["preflight"] = {**out["verify"], "timeout": 0.0, "fail_on_dirty": False, "expected_count": None}
+            out["preflight"] = {**out["verify"], "timeout": 0.0, "progress_timeout": 0.0, "fail_on_dirty": False, "expected_count": None}
             if "health" in out["preflight"]:
                 # The health verdict is the verify phase's (after the kill, when the job's Xids are in the log).
                 out["preflight"]["health"] = False
@@ -328,16 +385,18 @@ def early_starts(module: t.Any, phases: list[str], params: dict[str, dict[str, t
     return _verify.early_helpers(params["verify"], gpus, module.check_mode)
 
 
-def kill_phase(module: t.Any, params: dict[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
+def kill_phase(module: t.Any, params: dict[str, t.Any], check_mode: bool, runs: list[_kill.ModuleRun] | None = None) -> dict[str, t.Any]:
     phase = Phase(module, params, check_mode)
     body = _kill.ModuleRun(_pct.scopes_of(phase))
+    if runs is not None:
+        runs.append(body)  # its Kill, for what the residue phase is handed
     psutil = _module.Library("psutil", _signals.HAS_PSUTIL)
     return _module.outcome(phase, body, "gpu_procs_kill", libraries=[psutil], details=body.details)
 
 
-def residue_phase(module: t.Any, params: dict[str, t.Any]) -> dict[str, t.Any]:
+def residue_phase(module: t.Any, params: dict[str, t.Any], handoff: residue_module.Handoff | None = None) -> dict[str, t.Any]:
     phase = Phase(module, params, module.check_mode)
-    body = residue_module.ModuleRun(_pct.scopes_of(phase))
+    body = residue_module.ModuleRun(_pct.scopes_of(phase), handoff=handoff)
     return _module.outcome(phase, body, "gpu_job_residue", details=body.details)
 
 
@@ -440,6 +499,27 @@ def timed(timings: dict[str, float], name: str) -> t.Iterator[None]:
         timings[name] = round(time.monotonic() - began, 4)
 
 
+#: The outcomes of a process this run's kill ended (or, in check mode, that it would end: every target).
+ENDED = ("terminated", "killed", "exited", "stopped")
+
+
+def ended_by_kill(run: _kill.ModuleRun, check_mode: bool) -> frozenset[residue_module.Ident]:
+    """The processes the kill ended, by pid and start time; in check mode, every target of its plan."""
+    entries = run.planned if check_mode else run.kill.ended if run.kill is not None else []
+    return frozenset((e.candidate.pid, e.candidate.identity[0]) for e in entries if e.candidate.identity and (check_mode or e.victim.outcome in ENDED))
+
+
+def holders_before(module: t.Any, params: dict[str, t.Any], out: dict[str, t.Any]) -> dict[t.Any, frozenset[residue_module.Ident]] | None:
+    """Who holds each residue candidate now (``_residue.module.holders_before``); None, with a note, when it cannot be
+    read (the residue phase says why when it runs)."""
+    phase = Phase(module, params, module.check_mode)
+    try:
+        return residue_module.holders_before(residue_module.build_request(params, _pct.scopes_of(phase)))
+    except (CleanSlateError, OSError) as exc:
+        out.setdefault("notes", []).append(f"The residue's holders could not be read before the kill ({exc}): its files go by their age alone.")
+        return None
+
+
 def steps(module: t.Any, p: t.Mapping[str, t.Any], phases: list[str], params: dict[str, dict[str, t.Any]], out: dict[str, t.Any]) -> None:
     """Run the phases into ``out``; raises :class:`Stop` at the first that fails. Each phase's seconds go to
     ``out["timings"]``. The verification's CUDA helpers are forked once the GPUs were read, before the kill
@@ -454,6 +534,7 @@ def _steps(
     early = None
     timings = out.setdefault("timings", {})
     allow_name_only = "kill" in phases and params["kill"]["allow_name_only"]
+    handoff: residue_module.Handoff | None = None
     if "preflight" in phases:
         with timed(timings, "preflight"):
             before = out["before"] = verify_phase(module, params["preflight"])
@@ -487,13 +568,18 @@ def _steps(
                     ran = out["pre_stop"] = run_pre_stop(module, p["pre_stop"], p["pre_stop_timeout"], p["containers"], module.check_mode)
                 if ran and ran[-1].get("failed"):
                     raise Stop("pre_stop", ran[-1])
+        # Who holds each residue candidate, read right before the kill: what the kill then ends is this run's to release.
+        held = holders_before(module, params["residue"], out) if "residue" in phases else None
+        runs: list[_kill.ModuleRun] = []
         with timed(timings, "kill"):
-            kill = out["kill"] = kill_phase(module, params["kill"], module.check_mode)
+            kill = out["kill"] = kill_phase(module, params["kill"], module.check_mode, runs)
         if kill.get("failed"):
             raise Stop("kill", kill)
+        if held is not None and runs and runs[0].kill is not None:
+            handoff = residue_module.Handoff(before=held, ended=ended_by_kill(runs[0], module.check_mode))
     if "residue" in phases:
         with timed(timings, "residue"):
-            residue = out["residue"] = residue_phase(module, params["residue"])
+            residue = out["residue"] = residue_phase(module, params["residue"], handoff)
         if residue.get("failed"):
             raise Stop("residue", residue)
     if "restore" in phases:

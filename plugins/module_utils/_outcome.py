@@ -327,7 +327,9 @@ def result(all_steps: t.Sequence[Step], ctx: t.Mapping[str, t.Any]) -> dict[str,
     signals = dict(_mapping(summary.get("signals")))
     terminated = int(summary.get("terminated", 0) or 0)
     killed = int(summary.get("killed", 0) or 0)
-    ended = terminated + killed
+    # Ended without a signal of the kill's: by their server's own stop, or a resource tracker on its own (issue 38).
+    stopped = int(summary.get("stopped", 0) or 0)
+    ended = terminated + killed + stopped
     # Everything the verdict waited for: the kill, then the verification (its polling, the CUDA start, the health readings).
     seconds = round(_float(k.get("elapsed_s", 0)) + _float(v.get("elapsed_s", 0)), 2)
     cuda_s = v.get("cuda_s") if v else None
@@ -344,7 +346,7 @@ def result(all_steps: t.Sequence[Step], ctx: t.Mapping[str, t.Any]) -> dict[str,
         kill_part = f"{len(targets)} processes would be ended (check mode)"
     elif k:
         # How each ended: by SIGTERM within the grace period, or by SIGKILL (the two add up to the count).
-        kill_part = f"{ended} processes ended ({terminated} by TERM, {killed} by KILL)"
+        kill_part = f"{ended} processes ended ({terminated} by TERM, {killed} by KILL" + (f", {stopped} by their own stop)" if stopped else ")")
     else:
         kill_part = "no process ended"
     residue = dict(_mapping(_mapping(named.get("residue")).get("summary")))

@@ -321,6 +321,17 @@ def wchan(pid: int) -> str | None:
     return value if value and value != "0" else None
 
 
+def progress(pid: int) -> tuple[str, str | None, int, int] | None:
+    """What moves while a dying process's teardown makes progress: its state, its wait channel, its CPU time (utime +
+    stime, clock ticks: a teardown inside the driver runs in the kernel) and its thread count; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="backslashreplace") as fh:
+            rest = fh.read().rpartition(")")[2].split()
+        return (rest[0], wchan(pid), int(rest[11]) + int(rest[12]), int(rest[17]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _classify(path: str, dev_dir: str) -> tuple[str, int | str] | None:
     if not path.startswith(dev_dir):
         return None

@@ -24,7 +24,13 @@ no signal can shorten that (on the H200 0.12-0.22 s; pathological cases more
 than 30 s). Such a process is never signalled again: it is waited for, until
 the run's deadline, and reported with the seconds that took
 (``teardown_s``). One that is still there at the deadline, or that has not
-even begun to exit ``kill_timeout`` after SIGKILL, is ``unkillable``.
+even begun to exit ``kill_timeout`` after SIGKILL, is ``unkillable``. A teardown that still makes progress at the
+deadline (``progress``: the memory of its GPUs going down, its state or CPU time changing) is waited for longer, while
+it moves, up to a cap (``cap``); one that has not moved for ``stall`` seconds is unkillable then, on time.
+
+Each victim ends with ``ended_by``: the first signal's name (it exited on it), ``KILL``, ``waited`` (it was already
+exiting and got no signal), ``gone`` (it had exited before its signal); the kill sets the server's own stop
+(``own_stop``, ``server_stop``, ``own_exit``: ``_kill``).
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ class Victim:
     wchan: str | None = None
     exiting_since: float | None = None  #: when it was first seen exiting (clock of the run)
     teardown_s: float | None = None  #: seconds waited for its teardown, from exiting_since until it was gone
+    first: str | None = None  #: its own first signal, instead of escalate's (a server's root already had its TERM: KILL)
+    ended_by: str | None = None  #: how it ended (module docstring)
 
     @property
     def done(self) -> bool:
@@ -190,6 +198,37 @@ def _is_stopped(victim: Victim) -> bool:
     return bool(st and victim.identity and st["starttime"] == victim.identity[0] and st["state"] in ("T", "t"))
 
 
+def wait_teardown(
+    dying: list[Victim],
+    deadline: float,
+    start: float,
+    clock: t.Callable[[], float],
+    progress: t.Callable[[list[Victim]], bool] | None = None,
+    cap: float | None = None,
+    stall: float = 10.0,
+) -> None:
+    """Wait for victims in their teardown until ``deadline``; past it, while their teardown moves (``progress`` says it
+    moved since it was last asked), up to ``cap``, until ``stall`` seconds pass without a move. Without ``progress`` or
+    ``cap`` (or with a cap not past the deadline) this is the wait until the deadline, no more."""
+    pending = [v for v in dying if not v.done]
+    moved: float | None = None
+    watch = progress is not None and cap is not None and cap > deadline
+    if watch:
+        t.cast(t.Callable[[t.List[Victim]], bool], progress)(pending)  # the first reading: moves are counted from it
+    step = max(0.05, min(1.0, stall / 4))
+    while pending:
+        now = clock()
+        limit = deadline
+        if watch and moved is not None:
+            limit = max(deadline, min(t.cast(float, cap), moved + stall))
+        if now >= limit:
+            return
+        wait_exit(pending, min(limit, now + step) if watch else limit, start, "killed", clock)
+        pending = [v for v in pending if not v.done]
+        if watch and pending and t.cast(t.Callable[[t.List[Victim]], bool], progress)(pending):
+            moved = clock()
+
+
 def escalate(
     victims: list[Victim],
     first: str = "TERM",
@@ -197,23 +236,27 @@ def escalate(
     kill_timeout: float = 10.0,
     clock: t.Callable[[], float] = time.monotonic,
     deadline: float | None = None,
+    progress: t.Callable[[list[Victim]], bool] | None = None,
+    cap: float | None = None,
+    stall: float = 10.0,
 ) -> float:
-    """End ``victims``: ``first`` signal, SIGCONT to stopped ones, grace, SIGKILL, wait.
+    """End ``victims``: ``first`` signal (a victim's own ``first`` wins), SIGCONT to stopped ones, grace, SIGKILL, wait.
 
     A victim already exiting (pinned so, or found so when its grace period ends) is not signalled
     (again): SIGKILL cannot shorten a teardown. ``deadline`` (absolute, on ``clock``; None: no later
-    than ``kill_timeout`` after SIGKILL) is how long a teardown under way is waited for. Returns the
+    than ``kill_timeout`` after SIGKILL) is how long a teardown under way is waited for; past it, one
+    that still makes ``progress`` is waited for up to ``cap`` (:func:`wait_teardown`). Returns the
     seconds it took; every victim ends with an ``outcome``: terminated, killed, exited (it was
-    already exiting and got no signal), vanished or unkillable.
+    already exiting and got no signal), vanished or unkillable, and with ``ended_by``.
     """
     start = clock()
     live = [v for v in victims if not v.done]
     for v in live:
         if exiting(v.pid, v.identity):
             v.exiting_since = start
-        elif not send(v, first):
+        elif not send(v, v.first or first):
             v.outcome, v.seconds = "vanished", round(clock() - start, 4)
-    if first != "KILL":
+    if any((v.first or first) != "KILL" for v in live):
         # A stopped process cannot act on SIGTERM until it is continued.
         for v in live:
             if not v.done and v.signals_sent and _is_stopped(v):
@@ -225,7 +268,7 @@ def escalate(
         for v in survivors:
             if v.exiting_since is None and exiting(v.pid, v.identity):
                 v.exiting_since = kill_start  # its teardown outlasted the grace period: no SIGKILL, it is on its way
-            if v.exiting_since is None and first != "KILL" and not send(v, "KILL"):
+            if v.exiting_since is None and (v.first or first) != "KILL" and not send(v, "KILL"):
                 v.outcome, v.seconds = "killed", round(clock() - start, 4)
         wait_exit(survivors, kill_start + kill_timeout, start, "killed", clock)
         late = [v for v in survivors if not v.done]
@@ -234,8 +277,8 @@ def escalate(
             if v.exiting_since is None and exiting(v.pid, v.identity):
                 v.exiting_since = now
         dying = [v for v in late if v.exiting_since is not None]
-        if dying and deadline is not None and deadline > now:
-            wait_exit(dying, deadline, start, "killed", clock)
+        if dying and deadline is not None and (deadline > now or (cap is not None and cap > now)):
+            wait_teardown(dying, deadline, start, clock, progress, cap, stall)
     end = clock()
     for v in live:
         if v.exiting_since is not None:
@@ -254,6 +297,24 @@ def escalate(
             v.state = st["state"] if st else None
             v.wchan = _proctable.wchan(v.pid)
             v.outcome, v.seconds = "unkillable", round(end - start, 4)
+    for v in live:
+        if v.outcome == "terminated" and (v.first or first) == "KILL":
+            v.outcome = "killed"  # its first signal was SIGKILL (a root that had its TERM and its grace)
+        if v.ended_by is None and v.outcome != "unkillable":
+            v.ended_by = ended_by(v, v.first or first)
     for v in victims:
         close(v)
     return clock() - start
+
+
+def ended_by(v: Victim, first: str) -> str | None:
+    """How a victim of :func:`escalate` ended, from its outcome and the signals it got."""
+    if v.outcome == "vanished":
+        return "gone"
+    if v.outcome == "exited":
+        return "waited"
+    if v.outcome == "killed" or "KILL" in v.signals_sent:
+        return "KILL"
+    if v.outcome == "terminated":
+        return first
+    return None

@@ -65,6 +65,8 @@ _TERMINAL_ERRORS = {
     _reasons.DRIVER_HUNG: _reasons.DRIVER_HUNG,
 }
 
+#: A GPU whose used memory went down this recently is still in a teardown that makes progress (``progress_timeout``).
+PROGRESS_WINDOW_S = 10.0
 # Seconds the NVML work may go on after the verification's own timeout: the last poll and the
 # naming of holders. The module returns within max(timeout, probe_timeout) plus this plus its own
 # bookkeeping, even when calls hang.
@@ -385,26 +387,42 @@ def poll_until_clean(
     sleep: t.Callable[[float], None] = time.sleep,
     health: bool = False,
     helpers: t.Collection[int] = (),
+    progress_timeout: float = 0.0,
+    progress_window: float = PROGRESS_WINDOW_S,
 ) -> Outcome:
     """Poll until every GPU in ``gpus`` is clean or ``timeout`` seconds pass; with ``health``, then
     take each GPU's health readings once (they do not change while memory is released). ``helpers``: processes of this
-    module that may hold the device files (the CUDA starts' helpers, forked early), never a GPU's holders."""
+    module that may hold the device files (the CUDA starts' helpers, forked early), never a GPU's holders.
+
+    Past ``timeout``, a GPU whose used memory went down within the last ``progress_window`` seconds is still in a
+    teardown that makes progress (GB300 teardowns take more than 30 s): the polling goes on while that holds, up to
+    ``progress_timeout`` seconds from the start (0: never past ``timeout``)."""
     start = clock()
     deadline = start + timeout
+    cap = start + max(timeout, progress_timeout)
     polls = 0
     time_to_clean: float | None = None
+    lowest: dict[int, int] = {}  # GPU index -> its lowest used MiB so far
+    moved: float | None = None  # when a GPU's used memory last went down
     while True:
         polls += 1
         readings = read_all(session, gpus)
         estimate_v1_reserved(readings)
         judged = [quick_judge(r, criteria) for r in readings]
         now = clock()
+        for r in readings:
+            used = r.used_mib
+            if used is not None:
+                if r.gpu.index in lowest and used < lowest[r.gpu.index]:
+                    moved = now
+                lowest[r.gpu.index] = min(used, lowest.get(r.gpu.index, used))
         if all(clean for clean, _terminal in judged):
             time_to_clean = now - start
             break
-        if all(clean or terminal in TERMINAL for clean, terminal in judged) or now >= deadline:
+        limit = max(deadline, min(cap, moved + progress_window)) if moved is not None else deadline
+        if all(clean or terminal in TERMINAL for clean, terminal in judged) or now >= limit:
             break
-        sleep(max(0.0, min(interval, deadline - now)))
+        sleep(max(0.0, min(interval, limit - now)))
     notes = []
     if any(r.memory is not None and r.memory.api == "v1" for r in readings):
         notes.append(
@@ -498,6 +516,8 @@ def validate(params: t.Mapping[str, t.Any]) -> list[int | str]:
             option="since",
         )
     _checks.number("timeout", params["timeout"], 0, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("progress_timeout", params.get("progress_timeout"), 0, _checks.MAX_SECONDS, unit="seconds")
+    _checks.number("progress_window", params.get("progress_window"), 0, _checks.MAX_SECONDS, low_open=True, unit="seconds")
     _checks.number("interval", params["interval"], 0.001, 60, unit="seconds")
     _checks.number("probe_timeout", params["probe_timeout"], 0.1, 3600, unit="seconds")
     _checks.number("max_used_mib", params["max_used_mib"], 0, 1048576, unit="MiB")
@@ -689,6 +709,8 @@ def argument_spec() -> dict[str, dict[str, t.Any]]:
         "max_used_mib": {"type": "int", "default": 64},
         "require_no_processes": {"type": "bool", "default": True},
         "timeout": {"type": "float", "default": 30},
+        "progress_timeout": {"type": "float", "default": 120},
+        "progress_window": {"type": "float", "default": 10},
         "interval": {"type": "float", "default": 0.1},
         "probe_timeout": {"type": "float", "default": 10},
         "fail_on_dirty": {"type": "bool", "default": True},
@@ -1039,7 +1061,7 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
         module.warn(f"The GPU device files cannot be used ({files_problem}): holders of a GPU that is not clean can be named only if NVML lists them.")
     # Every NVML call runs in a helper process under a deadline (_probe): a hung driver costs at most
     # probe_timeout per call, and all of it ends NVML_GRACE_S after the later of timeout and probe_timeout.
-    end = time.monotonic() + max(p["timeout"], p["probe_timeout"]) + NVML_GRACE_S
+    end = time.monotonic() + max(p["timeout"], p.get("progress_timeout") or 0.0, p["probe_timeout"]) + NVML_GRACE_S
     # Where the seconds go (tools/bench/cost.py): each step's, from the one before.
     timings: dict[str, float] = {}
     mark = [time.monotonic()]
@@ -1070,6 +1092,8 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
             every_gpu=every,
             health=p.get("health", False),
             helpers=early.pids if early is not None else (),
+            progress_timeout=p.get("progress_timeout") or 0.0,
+            progress_window=p.get("progress_window") or PROGRESS_WINDOW_S,
         )
         lap("poll")
         cuda_probe = software = together = None

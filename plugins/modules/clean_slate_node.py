@@ -75,6 +75,18 @@ options:
   residue:
     description:
       - The options of M(gpuops.clean_slate.gpu_job_residue) but O(containers) and O(pct_path), which are this module's.
+      - With the V(kill) phase in the same run, who holds each candidate is read right before the kill, and a file whose
+        holders that kill ended is orphaned at once, whatever its age (in check mode, whose holders it would end).
+    type: dict
+    default: {}
+  profiles:
+    description:
+      - What server profiles add to the O(kill) and O(residue) options, each list after the one given (or, when the
+        option is not given, after its module's default), without repeats - the C(gpuops.clean_slate.server_profiles)
+        filter's result, as the C(gpuops.clean_slate.clean_slate) role passes it. Keys - C(patterns) (to both),
+        C(servers) (O(gpuops.clean_slate.gpu_procs_kill#module:servers)), C(shm), C(sockets), C(locks), C(dirs),
+        C(files), C(caches), C(dirs_holding), C(keep_while) (the residue options of those names) and C(ports)
+        (O(gpuops.clean_slate.gpu_job_residue#module:server_ports)). An unknown key is refused.
     type: dict
     default: {}
   restore:

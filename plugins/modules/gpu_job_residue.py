@@ -14,8 +14,10 @@ author:
 description:
   - Finds the residue a killed SGLang, vLLM, NCCL, torch or Ray job leaves on a host besides GPU memory, with absolute
     path globs per kind. O(shm) are shared memory segments and POSIX semaphores (regular files), O(sockets) are ZMQ
-    C(ipc://) and other unix socket files (socket files only), O(locks) are lock files of JIT compile caches (regular
-    files, searched with C(**) through the cache directories), O(dirs) are per-run directories removed as a whole.
+    C(ipc://) and other unix socket files (socket files, and the 0-byte regular file a socket path is before it is
+    bound), O(locks) are lock files of JIT compile caches (regular files, searched with C(**) through the cache
+    directories), O(dirs) are per-run directories removed as a whole (O(dirs_holding) names one by what it holds),
+    O(files) are other regular files (a torch FileStore, a daemon's marker), O(caches) are cached answers.
   - Removes an item only when it is provably orphaned. No thread of any live process has it (or, for a directory,
     anything in it) open or mapped (C(/proc/*/fd), C(/proc/*/maps)), holds a lock on it (C(/proc/locks), flock, POSIX
     and OFD locks), has a socket bound to it (the unix socket table of every network namespace), or works inside it
@@ -32,7 +34,13 @@ description:
     changed (mtime or ctime; for a directory anything in it) less than O(min_age) seconds ago is kept, since a
     server starting right now has a segment between C(shm_open) and C(mmap) that nothing holds yet, unless its name
     carries its creator's pid and that creator is known to be gone (the process between C(shm_open) and C(mmap)
-    would be that creator). Both are reported in RV(kept) with why; check mode applies the same rules.
+    would be that creator). A file a server opens only while it uses it (O(keep_while)) is kept while a process of
+    that server runs in its scope. All are reported in RV(kept) with why; check mode applies the same rules.
+  - Run by M(gpuops.clean_slate.clean_slate_node) right after its kill, an item whose holders (read right before the
+    kill) were all ended by that kill is orphaned at once, whatever its age (RV(removed[].released_by)), since no
+    server starting now holds it. In check mode, where nothing is ended, such an item is still held and listed in
+    RV(held) as before, with C(released_by) and why (the run removes it right after its kill), and counted in
+    C(summary.released).
   - Paths are walked one component at a time from directory file descriptors without following any symbolic link, so
     no pattern leaves its root; right before each unlink the item is checked again through its directory and must
     still be the file that was judged, with one name only (a file with another hard link is left alone, since a
@@ -81,9 +89,12 @@ options:
       - /dev/shm/sglang_loads_*.shm
       - /dev/shm/multi_tokenizer_args_*
       - /dev/shm/cuda.shm.*
+      - /dev/shm/sem.loky-*
   sockets:
     description:
-      - Absolute path globs of unix socket files. Only socket files are considered, so a glob may be broad.
+      - Absolute path globs of unix socket files. Only socket files are considered, so a glob may be broad, and the
+        0-byte regular file a socket path is before it is bound (SGLang's C(NamedTemporaryFile(delete=False).name),
+        which ZMQ's bind replaces with the socket; a crash between the two leaves it).
       - The defaults match SGLang's C(ipc://) names (C(/tmp/tmpXXXXXXXX)), vLLM's (a UUID, optionally after a
         description), and Ray's session sockets.
     type: list
@@ -124,18 +135,73 @@ options:
     type: list
     elements: str
     default: [/tmp/torchelastic_*, /tmp/torch-shm-dir-*]
+  dirs_holding:
+    description:
+      - Directories recognised by what they hold, as O(dirs) - a directory matching O(dirs_holding[].dir) that holds at
+        least one entry and only regular files matching O(dirs_holding[].files). A broad C(dir) (C(/tmp/tmp????????),
+        every C(mkdtemp)) is then safe - the Prometheus multiprocess directory holds only C(<type>_<pid>.db).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      dir:
+        description: Absolute path glob of the directory, as in O(dirs).
+        type: str
+        required: true
+      files:
+        description: A file name glob (no C(/)) every entry of the directory matches.
+        type: str
+        required: true
+  files:
+    description:
+      - Absolute path globs of other regular files a job leaves (a torch FileStore, a daemon's marker). Only regular
+        files are considered. The role's server profiles name them; the module has none by default.
+    type: list
+    elements: str
+    default: []
+  caches:
+    description:
+      - Absolute path globs of cached answers (vLLM's P2P test, C(gpu_p2p_access_cache_for_*.json)), reported, and removed
+        only when O(remove) contains V(caches). Only regular files are considered.
+    type: list
+    elements: str
+    default: []
+  keep_while:
+    description:
+      - Files a server opens only while it uses them (a torch FileStore is opened per operation, a daemon's marker is
+        written and closed), so that no holder does not prove them unused - an item matching one of
+        O(keep_while[].paths) is kept while a process matching one of O(keep_while[].patterns) runs in its scope (on the
+        host, anywhere).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      server:
+        description: The server's name, for the reasons.
+        type: str
+        required: true
+      paths:
+        description: Absolute path globs (under O(roots)) of the files.
+        type: list
+        elements: str
+        required: true
+      patterns:
+        description: Regular expressions searched in command lines, names and executables, as in O(patterns).
+        type: list
+        elements: str
+        required: true
   remove:
     description:
       - The kinds of orphaned items to remove. Orphaned items of other kinds are reported as RV(stale).
-      - Lock files and directories are not removed by default. A live compile's lock baton and a live torchelastic
-        agent's run directory are not held open all the time, so no holder does not prove that their job is dead;
-        add them when no job runs on the host. A lock then goes only when nothing holds it (open, flock, POSIX or OFD
-        lock, a process working in its directory), its named creator (if its name has one) is dead, and it is older
-        than O(min_age).
+      - Lock files, caches and directories are not removed by default. A live compile's lock baton, a cached answer and
+        a live torchelastic agent's run directory are not held open all the time, so no holder does not prove that
+        their job is dead; add them when no job runs on the host. A lock then goes only when nothing holds it (open,
+        flock, POSIX or OFD lock, a process working in its directory), its named creator (if its name has one) is dead,
+        and it is older than O(min_age).
     type: list
     elements: str
-    choices: [shm, sockets, locks, dirs]
-    default: [shm, sockets]
+    choices: [shm, sockets, locks, dirs, files, caches]
+    default: [shm, sockets, files]
   min_age:
     description:
       - Seconds an unheld item must have gone unchanged (its mtime and ctime; for a directory, anything in it)
@@ -183,6 +249,30 @@ options:
     type: list
     elements: int
     default: []
+  server_ports:
+    description:
+      - Ports a server's next start binds (the role's server profiles - SGLang's 30000 and its data-parallel plan, vLLM's
+        8000, 29500, 29501, 29550), reported as O(ports) are, with the server and the port's name. Both servers bind
+        with C(SO_REUSEADDR), so only a listener stops them, and one fails the module (as O(fail_on) says for
+        V(listening)) only when it is a process of the server (it matches O(patterns)) - one that survived, or that
+        shares the port with C(SO_REUSEPORT) (vLLM with several API servers) and would answer the new server's
+        requests. Another service listening there is reported, not failed. A port also in O(ports) is checked as
+        O(ports) says.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      port:
+        description: The TCP port, 1-65535.
+        type: int
+        required: true
+      server:
+        description: The server whose port it is.
+        type: str
+        required: true
+      name:
+        description: What binds it (V(http), V(nccl), ...).
+        type: str
   time_wait_timeout:
     description:
       - Seconds to wait for ports that are only in V(time_wait) to become free. V(0) reports them at once, with the
@@ -263,6 +353,18 @@ EXAMPLES = r"""
     patterns: ['^sglang::', 'sglang\.launch_server']
     pct_path: /usr/sbin/pct
 
+- name: Check vLLM's ports, and keep its FileStore while a vLLM process runs
+  gpuops.clean_slate.gpu_job_residue:
+    files: ['/tmp/vllm_dist_????????????????????????????????']
+    keep_while:
+      - server: vllm
+        paths: ['/tmp/vllm_dist_????????????????????????????????']
+        patterns: ['^VLLM::', '(^|/)vllm serve( |$)']
+    server_ports:
+      - {port: 8000, server: vllm, name: http}
+      - {port: 29500, server: vllm, name: dp_master}
+    patterns: ['^VLLM::', '(^|/)vllm serve( |$)']
+
 - name: Extra residue locations and a protected exporter; nothing younger than ten minutes goes
   gpuops.clean_slate.gpu_job_residue:
     shm: [/dev/shm/nccl-*, /dev/shm/myjob-*]
@@ -281,7 +383,8 @@ msg:
   type: str
   sample: 12 stale segments (3.1 GiB) removed, port 30000 free
 summary:
-  description: Counts over everything found (not limited by O(list_limit)), the state of every port, the zombies, a
+  description: Counts over everything found (not limited by O(list_limit)), the state of every port (those of
+    O(server_ports) under C(server_ports)), the zombies, a
     few paths of each list, and RV(msg).
   returned: always
   type: dict
@@ -295,6 +398,7 @@ summary:
     errors: 0
     kinds: {"shm": {"removed": 12, "bytes": 3328599654, "held": 1, "kept": 1, "stale": 0}}
     ports: {"30000": free}
+    server_ports: {"8000": free, "29500": free}
     zombies: 0
     non_reaping: []
     paths: {"removed": ["/dev/shm/nccl-a1B2c3"], "held": ["/dev/shm/nccl-Zz9y8x (812 nv-hostengine)"],
@@ -311,9 +415,16 @@ removed:
       type: str
       sample: /dev/shm/nccl-a1B2c3
     kind:
-      description: V(shm), V(sockets), V(locks) or V(dirs).
+      description: V(shm), V(sockets), V(locks), V(dirs), V(files) or V(caches).
       type: str
       sample: shm
+    released_by:
+      description: The pids that held it right before the umbrella's kill, all ended by it (orphaned at once, whatever
+        its age; M(gpuops.clean_slate.clean_slate_node) only).
+      type: list
+      elements: int
+      returned: when this run's kill released it
+      sample: [4242, 4243]
     bytes:
       description: Bytes it occupies (for a directory, everything in it).
       type: int
@@ -334,7 +445,8 @@ removed:
 held:
   description: Items kept because a live process holds them, with up to 10 holders each (C(pid), C(name), C(cmdline),
     C(how) - V(fd), V(mmap), V(lock), V(bound), V(cwd) or V(root), for a lock file also V(cwd in its directory) -
-    C(protected), C(container)).
+    C(protected), C(container)). In check mode run by M(gpuops.clean_slate.clean_slate_node), one held only by processes
+    its kill would end also has C(released_by) (their pids) and C(why).
   returned: always
   type: list
   elements: dict
@@ -347,7 +459,7 @@ held:
       holders: [{"pid": 812, "name": nv-hostengine, "how": [mmap], "protected": true, "container": null}]
 kept:
   description: Items nothing holds that are kept, with why - their named creator lives (C(creator) gives its C(pid)
-    and C(name)), or they changed less than O(min_age) seconds ago.
+    and C(name)), a process of their server runs (O(keep_while)), or they changed less than O(min_age) seconds ago.
   returned: always
   type: list
   elements: dict
@@ -423,6 +535,16 @@ ports:
       description: Seconds spent waiting for TIME_WAIT to pass (O(time_wait_timeout)).
       type: float
       sample: 0.0
+    server:
+      description: For a port of O(server_ports), its server.
+      type: str
+      returned: for a port of O(server_ports)
+      sample: vllm
+    name:
+      description: For a port of O(server_ports), what binds it.
+      type: str
+      returned: for a port of O(server_ports)
+      sample: http
 zombies:
   description: Zombie processes in scope (C(pid), C(name), C(ppid), C(container)).
   returned: always

@@ -86,6 +86,18 @@ options:
       - Seconds to wait for the GPUs to become clean, from 0 to 86400 (one day). V(0) checks once.
     type: float
     default: 30
+  progress_timeout:
+    description:
+      - Past O(timeout), a GPU whose used memory went down within the last O(progress_window) seconds is still in a
+        teardown that makes progress (GB300 teardowns take more than 30 s) and is not judged yet - the polling goes on,
+        while that holds, up to this many seconds from the start. V(0) (or anything up to O(timeout)) stops at
+        O(timeout), as before.
+    type: float
+    default: 120
+  progress_window:
+    description: Seconds within which a GPU's used memory must have gone down for the polling to go on past O(timeout).
+    type: float
+    default: 10
   interval:
     description:
       - Seconds between two polls, from 0.001 to 60.

@@ -40,11 +40,24 @@ description:
     a member holding another GPU is left out (RV(ignored)). Protection applies to the members as to any target.
   - Sends O(signal) (SIGTERM) to each target, SIGCONT to stopped ones, waits up to O(grace_period), sends SIGKILL to
     survivors and waits up to O(kill_timeout). It returns as soon as the last target has exited.
+  - With O(servers) it stops each server in its own order. A live target whose command line matches a server's
+    O(servers[].roots) (SGLang's launcher, vLLM's API server) gets O(signal) first, alone, and up to that server's
+    O(servers[].grace) to tear its tree down itself (SGLang's launcher asks its schedulers to release their resources,
+    then kills the rest of its tree; its schedulers have no SIGTERM handler, so a TERM sent to them directly is a raw
+    crash that leaves their files). What is left of the tree then is ended as above, a root still there with SIGKILL.
+    Without a live root (a crash - the root is dead, its workers reparented) the rest is ended at once.
+  - With O(spare_trackers) (the default) a multiprocessing resource tracker (C(-c from multiprocessing.resource_tracker
+    import main;main(N)), and loky's) is ended last - spared while any process still holds its pipe (its clients),
+    given O(tracker_timeout) after the last one is gone to unlink the shared memory and semaphores they registered and
+    exit on its own, and ended only if it is still there then. One whose client is a process this run does not end is
+    left alone (RV(targets[].outcome=spared)), since it is still needed.
   - A target that is already exiting (its teardown in the GPU driver under way, dying or a zombie whose last
     thread is still tearing down) is never signalled (again), since SIGKILL cannot shorten a teardown. It is waited for,
-    until O(deadline), and reported with RV(targets[].teardown_s). One still there at the deadline, or one that has not
-    even begun to exit O(kill_timeout) after SIGKILL, fails the module with RV(reason=unkillable) and RV(verdict=reboot),
-    and the module returns then.
+    until O(deadline), and reported with RV(targets[].teardown_s); past the deadline, while its teardown makes progress
+    (the memory of the selected GPUs going down, its state, wait channel or CPU time changing; GB300 teardowns take more
+    than 30 s), up to O(teardown_timeout) after the first signal. One still there then, one that made no progress for
+    O(teardown_stall) seconds past the deadline, or one that has not even begun to exit O(kill_timeout) after SIGKILL,
+    fails the module with RV(reason=unkillable) and RV(verdict=reboot), and the module returns then.
   - Then it looks again, and ends in a new round whatever appeared meanwhile (workers a launcher forked during the
     grace period, a service restarted under it), until a discovery finds nothing or O(deadline) passes. Processes
     still found then make the module fail with RV(reason=holders_remain).
@@ -195,8 +208,53 @@ options:
         always gets O(kill_timeout). Processes still found when it has passed make the module fail; a process still
         in its teardown then is unkillable. The module returns by this deadline, or by O(grace_period) plus
         O(kill_timeout) after the first signal if that is later.
-      - Unset means twice the sum of O(grace_period) and O(kill_timeout), at most 86400.
+      - Unset means twice the sum of O(grace_period) and O(kill_timeout), plus the longest O(servers[].grace), at most
+        86400.
     type: float
+  servers:
+    description:
+      - Servers to stop in their own order, each by the command lines of its roots (the process its own stop starts
+        from). The role's server profiles give SGLang's launcher and vLLM's API server, with the grace their teardown
+        needs.
+      - A root pattern that does not compile, and a grace outside 0-86400 seconds, are refused before anything is
+        signalled.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: The server's name, for the records.
+        type: str
+        required: true
+      roots:
+        description: Regular expressions searched in the command line; a target matching one is that server's root.
+        type: list
+        elements: str
+        required: true
+      grace:
+        description: Seconds the root is given to tear its tree down before the rest is ended; unset means O(grace_period).
+        type: float
+  spare_trackers:
+    description:
+      - End a multiprocessing (or loky) resource tracker only once its clients are gone, after O(tracker_timeout) to unlink
+        what they registered; V(false) ends it with the rest, as any target.
+    type: bool
+    default: true
+  tracker_timeout:
+    description: Seconds a spared resource tracker is given to unlink and exit on its own after its last client is gone.
+    type: float
+    default: 2
+  teardown_timeout:
+    description:
+      - Seconds from the first signal up to which a target whose teardown still makes progress is waited for, past
+        O(deadline).
+    type: float
+    default: 120
+  teardown_stall:
+    description:
+      - Seconds without progress after which a target still in its teardown past O(deadline) is unkillable.
+    type: float
+    default: 10
   device_dir:
     description:
       - Directory holding the C(nvidia*) device files. It must exist.
@@ -239,6 +297,16 @@ EXAMPLES = r"""
     include_children: true
     grace_period: 5
     kill_timeout: 5
+
+- name: Stop SGLang in its own order (its launcher first, alone, 25 s for its own teardown), then the rest
+  gpuops.clean_slate.gpu_procs_kill:
+    patterns: ['^sglang::', 'sglang\.launch_server']
+    servers:
+      - name: sglang
+        roots: ['-m sglang\.launch_server( |$)', '(^|/)sglang serve( |$)']
+        grace: 25
+    # A GB300's teardown takes more than 30 s: wait for one that makes progress up to 3 minutes.
+    teardown_timeout: 180
 
 - name: Clean only GPUs 2 and 3, with SIGINT first, then verify them
   block:
@@ -338,6 +406,32 @@ targets:
       type: list
       elements: str
       sample: [TERM, KILL]
+    step:
+      description: Its step in its round's stop - V(root) (a server's root, signalled first and alone), V(tree) (the
+        rest, ended after the roots had their grace) or V(tracker) (a resource tracker, ended last, once its clients were
+        gone).
+      type: str
+      sample: root
+    server:
+      description: A root's server (O(servers[].name)), with its RV(targets[].grace).
+      type: str
+      sample: sglang
+    grace:
+      description: The seconds a root was given to tear its tree down.
+      type: float
+      sample: 25.0
+    ended_by:
+      description: How it ended - V(own_stop) (a root that exited within its grace after its first signal, its own
+        teardown run), V(server_stop) (its server's stop ended it, no signal from this module), V(own_exit) (a resource
+        tracker that exited on its own once its clients were gone), the first signal's name (V(TERM), it exited on it),
+        V(KILL), V(waited) (it was already exiting), V(gone) (it had exited before its signal); null when it did not
+        end or in check mode.
+      type: str
+      sample: own_stop
+    why:
+      description: For a spared resource tracker, who still needs it.
+      type: str
+      sample: "a resource tracker whose client PID 812 (python3) lives and is not ended by this run: spared, ..."
     round:
       description: The round that found it; V(1) for what the first discovery found, more for a process that appeared
         during the kill (a worker a launcher forked in the grace period). Null in check mode.
@@ -345,7 +439,9 @@ targets:
       sample: 1
     outcome:
       description: V(terminated) (after the first signal), V(killed) (after SIGKILL), V(exited) (it was already exiting
-        and got no signal; it was waited for), V(vanished) (gone before it was signalled), V(unkillable) (still there
+        and got no signal; it was waited for), V(stopped) (ended by its server's own stop, or a resource tracker on its
+        own once its clients were gone; RV(targets[].ended_by) says which), V(spared) (a resource tracker a process this
+        run does not end still needs, left alone), V(vanished) (gone before it was signalled), V(unkillable) (still there
         at the deadline, or not exiting after SIGKILL), or null in check mode.
       type: str
       sample: terminated
@@ -419,13 +515,14 @@ summary:
     - Counts of outcomes and of the signals sent, the number of rounds, and how many targets appeared during the kill
       (found after the first round).
     - V(vanished) counts targets that had exited before their first signal, V(exited) those already exiting (waited
-      for, not signalled); neither is counted as ended.
+      for, not signalled); neither is counted as ended. V(stopped) counts those their server's own stop ended (and
+      resource trackers that exited on their own), V(spared) the resource trackers left alone; both only when there are any.
     - V(teardown) counts the targets whose teardown the kill waited for (RV(targets[].teardown_s)), V(teardown_s) is the
       longest such wait.
   returned: always
   type: dict
-  sample: {"terminated": 7, "killed": 2, "exited": 0, "vanished": 0, "unkillable": 0, "teardown": 1, "teardown_s": 1.8,
-    "signals": {"TERM": 9, "KILL": 2}, "rounds": 1, "respawned": 0}
+  sample: {"terminated": 7, "killed": 2, "exited": 0, "vanished": 0, "unkillable": 0, "stopped": 3, "teardown": 1,
+    "teardown_s": 1.8, "signals": {"TERM": 9, "KILL": 2}, "rounds": 1, "respawned": 0}
 verdict:
   description: V(reboot) when the module fails with RV(reason=unkillable), since a process the kernel cannot end keeps
     its GPU until the node reboots (the health verdict's scale, C(ok) < C(restart_app) < C(fix_config) < C(reset_gpu) <

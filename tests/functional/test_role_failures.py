@@ -384,6 +384,19 @@ def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
         "verify": node_vars(n2, clean_slate_verify_timeout=0.5),
         "report": node_vars(n3, clean_slate_report_dir=str(blocked)),
         "metrics": node_vars(n3, clean_slate_metrics_dir=str(tmp_path / "no-such-dir")),
+        # A profile of the user's with an unknown key, a port that is none and a glob outside the roots (issue 38).
+        "profile": node_vars(
+            n1,
+            clean_slate_profiles=["sglang", "vllm", "torchrun"],
+            clean_slate_profile_definitions={
+                "torchrun": {
+                    "processes": {"roots": ["torchrun"]},
+                    "ports": [{"name": "master", "port": 70000}],
+                    "residue": {"shm": ["/etc/torch-*"]},
+                    "prots": 1,
+                }
+            },
+        ),
     }
     for hv in hosts.values():
         hv.setdefault("clean_slate_report_dir", str(reports))
@@ -407,11 +420,33 @@ def test_every_phase_failure_is_reported(three_nodes, tmp_path: Path) -> None:
     # A metrics directory that does not exist is refused before anything runs (not found after the kill).
     assert_red(run, "metrics", "arguments", "bad_variable", f"clean_slate_metrics_dir: {tmp_path / 'no-such-dir'} does not exist on this host", reports)
     assert not gpuops_tasks(run, "metrics")
+    # Bad profile input is refused before anything is signalled, each problem named where it is.
+    entry = assert_red(run, "profile", "arguments", "bad_variable", "clean_slate_profile_definitions.torchrun has unknown key(s) prots", reports)
+    assert "clean_slate_profile_definitions.torchrun.ports[0].port: 70000 is not a TCP port (1-65535)." in entry["msg"], entry["msg"]
+    assert "clean_slate_profile_definitions.torchrun.residue.shm: '/etc/torch-*' is outside the roots" in entry["msg"], entry["msg"]
+    assert not gpuops_tasks(run, "profile")
     # Records are written whole: nothing half-written is left beside them.
     assert sorted(p.name for p in reports.iterdir()) == sorted(f"{h}.json" for h in hosts if h != "report")
 
 
 # ---------------------------------------------------------------------- role arguments
+#: The guide's worked example ("Server profiles"): a torchrun job, a profile a user adds in YAML.
+TORCHRUN = yaml.safe_load(
+    r"""
+torchrun:
+  description: torchrun training job (torch.distributed.run)
+  processes:
+    roots: ['(^|/)torchrun( |$)', '-m torch\.distributed\.(run|launch)( |$)']
+  stop:
+    grace: 30
+  ports:
+    - {name: master, port: 29400}
+  residue:
+    dirs: [/tmp/torchelastic_*]
+"""
+)
+
+
 def test_list_variables_as_survey_strings(three_nodes, tmp_path: Path) -> None:
     """`-e clean_slate_gpus=...` and survey answers are strings: "0,1" and "[0, 1]" both mean GPUs 0 and 1."""
     n1, n2, n3, sb = three_nodes
@@ -422,7 +457,10 @@ def test_list_variables_as_survey_strings(three_nodes, tmp_path: Path) -> None:
         "yaml": node_vars(n2, clean_slate_gpus="[0, 1]"),
         "numbers": node_vars(n1, clean_slate_grace_period="-1", clean_slate_verify_interval="0", clean_slate_kill_timeout="5"),
         "typo": node_vars(n1, clean_slate_gpus="0,one"),
+        # A profile added by the user in YAML (the guide's torchrun example), applied through a survey answer.
+        "profile": node_vars(n1, clean_slate_profiles="sglang,vllm,torchrun", clean_slate_profile_definitions=TORCHRUN),
     }
+    agent = n1.spawn_worker(gpus=[1], mib=8000, sandbox=sb, supervise=0, title="torchrun --nproc-per-node 1 train.py", child_title="python3 train.py")
     run = run_playbook(play(), inventory=local_inventory(tmp_path / "hosts.yml", hosts), env=n1.env(), wrapper=sb.nsenter_prefix())
     assert run.rc == 2, run.output
     assert not any(w.alive() for w in on_0_1) and all(w.alive() for w in on_2)
@@ -436,6 +474,12 @@ def test_list_variables_as_survey_strings(three_nodes, tmp_path: Path) -> None:
     entry = assert_red(run, "typo", "arguments", "bad_variable", "clean_slate_gpus: 'one' is neither a GPU index, a GPU UUID nor a device path")
     assert entry["msg"].count("clean_slate_gpus") == 1, entry["msg"]  # the kill's and the verification's GPUs: one variable
     assert not gpuops_tasks(run, "numbers") and not gpuops_tasks(run, "typo")
+    # The user's profile was applied: its root, the agent, got the first signal alone and its server's grace; its worker
+    # was ended after it.
+    assert artifacts(run)["profile"]["clean"] is True, artifacts(run)["profile"]
+    ended = {x["pid"]: x for x in run.phase("kill", "profile")["targets"]}
+    assert (ended[agent.ns_pid]["step"], ended[agent.ns_pid]["server"], ended[agent.ns_pid]["grace"]) == ("root", "torchrun", 30.0), ended
+    assert ended[agent.ns_pid]["ended_by"] == "own_stop" and ended[agent.worker_ns_pid]["step"] == "tree" and not agent.alive()
 
 
 def test_hypervisor_mode_without_a_hypervisor_is_refused_and_recorded(node, tmp_path: Path) -> None:

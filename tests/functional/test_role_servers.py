@@ -93,6 +93,14 @@ def test_crashed_sglang_and_vllm_tp8_servers_are_cleaned_in_one_run_and_start_ag
     # found through the dead API server's group), and nothing else.
     assert set(ended) == {m.ns_pid for m in sgl.ranks + vllm_left} and kill["summary"]["rounds"] == 1, sorted(ended)
     assert "whose leader has exited" in ended[vllm_tracker.ns_pid]["reasons"][0]
+    # The role's server profiles stop in order (issue 38): no root was alive (both crashed), so the rest went at once and
+    # vLLM's resource tracker last, never signalled: it unlinked what its clients registered and exited on its own.
+    assert (ended[vllm_tracker.ns_pid]["step"], ended[vllm_tracker.ns_pid]["ended_by"], ended[vllm_tracker.ns_pid]["signals_sent"]) == (
+        "tracker",
+        "own_exit",
+        [],
+    )
+    assert not [x for x in kill["targets"] if x["step"] == "root"]
     for r in sgl.ranks + vllm.ranks:
         # Waited for through its teardown, never SIGKILLed (it would change nothing), reported with the time waited.
         x = ended[r.ns_pid]
@@ -114,6 +122,10 @@ def test_crashed_sglang_and_vllm_tp8_servers_are_cleaned_in_one_run_and_start_ag
     assert kept[beside.info["path"]]["creator"] == {"pid": beside.ns_pid, "name": "pt_main_thread"}
     assert all(os.path.exists(sgl.path(p)) for p in (beside.info["path"], starter.info["path"]))
     assert run.phase("verify")["clean"] is True
+    # The ports of both profiles were checked by default (SGLang's 30000 and its data-parallel plan, vLLM's four).
+    server_ports = {(p["server"], p["port"]) for p in residue["ports"] if "server" in p}
+    assert {("sglang", 30000), ("sglang", 30239), ("vllm", 8000), ("vllm", 29550)} <= server_ports and len(server_ports) == 12
+    assert "12 server ports free for the next start" in run.summary()
 
     # Both next starts bind the ports the crashed servers held and create their queues.
     again = start_sglang(node, sandbox=sandbox, tmp=work, tp=8, port=sgl.ports["http"], nccl_port=sgl.ports["store"], mib=MIB)

@@ -1,13 +1,16 @@
-"""`make demo`: an SGLang server crashes on a simulated 8 x H200 node the way the seeds' did, and the clean_slate
-playbook gives the node its clean slate back.
+"""`make demo`: an SGLang server crashes on a simulated 8 x H200 node the way the seeds' did, beside a vLLM server
+whose API server is SIGKILLed (vllm#55510), and the clean_slate playbook gives the node its clean slate back.
 
 The server is a process tree shaped like the real one (gpusim.servers): the launcher holding the HTTP port, its
 detokenizer and resource tracker, and one sglang::scheduler_TP<k> per GPU, each in a session of its own, holding
 ~100 GB on its GPU, with SGLang's, torch's and the CUDA driver's shared memory and ZMQ sockets, named as their
 sources name them. Beside it run the daemons that must survive (nvidia-persistenced, nv-hostengine, which maps one
-of the server's queues, dcgm-exporter) and an unrelated torch process whose segment nothing holds.
+of the server's queues, dcgm-exporter) and an unrelated torch process whose segment nothing holds. A vLLM tp=8 server
+shares the GPUs: its API server, VLLM::EngineCore and one VLLM::Worker_TP<k> per GPU, with its resource tracker.
 
-1. The crash: the launcher is SIGKILLed. What is left, and what it does to the next start (it fails, and why).
+1. The crash: SGLang's launcher is SIGKILLed (its schedulers, reparented, keep their GPUs), and vLLM's API server is
+   SIGKILLed (its engine core has no parent-death detection: it and its workers stay on the GPUs, the port frees).
+   What is left, and what it does to each next start (they fail, and why).
 2. The clean: the real playbook (playbooks/clean_slate.yml) with the role, on the node: what was ended (full names,
    counts that add up, what was protected and why), what was removed, kept or held, and the GPUs before and after.
 3. The next start: it binds its ports and creates its queues.
@@ -35,12 +38,13 @@ from pathlib import Path
 
 from gpusim import Node
 from gpusim.residue import private_shm, spawn
-from gpusim.servers import Server, ServerStartError, start_sglang
+from gpusim.servers import Server, ServerStartError, start_sglang, start_vllm
 from support.ansible import ROOT, VENV, local_inventory, run_playbook
 
 OUT = ROOT / ".build" / "demo"
 DAEMONS = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 MIN_AGE = 2  # the demo's server ran for seconds; a real one ran for minutes, older than the default minute
+SGLANG_MIB, VLLM_MIB = 100000, 40000  # each GPU: SGLang's share and vLLM's (143 GB an H200: both fit, a third start does not)
 RERUN = f"ansible-playbook playbooks/clean_slate.yml -i {OUT.relative_to(ROOT)}/inventory.yml"
 
 
@@ -54,8 +58,9 @@ class Scene:
         private_shm(self.sandbox, size="512m")
         port = free(30000)
         self.server = start_sglang(
-            self.node, sandbox=self.sandbox, tp=8, port=port, nccl_port=free(port + 1), mib=100000, tokenizer_workers=2, mq_kib=65536, ipc_kib=4096
+            self.node, sandbox=self.sandbox, tp=8, port=port, nccl_port=free(port + 1), mib=SGLANG_MIB, tokenizer_workers=2, mq_kib=65536, ipc_kib=4096
         )
+        self.vllm = start_vllm(self.node, sandbox=self.sandbox, tp=8, port=free(8000), mib=VLLM_MIB)
         self.daemons = {name: self.node.spawn_daemon(name, sandbox=self.sandbox) for name in DAEMONS if name != "nv-hostengine"}
         mq = next(p for p in self.server.shm if os.path.basename(p).startswith("sgl_shm_mq_"))
         self.hostengine = spawn(self.sandbox, "hold", "--comm", "nv-hostengine", "--map", mq)
@@ -71,7 +76,7 @@ class Scene:
             "clean_slate_grace_period": 3,
             "clean_slate_residue_min_age": MIN_AGE,
             "clean_slate_residue_list_limit": 200,  # every path in the report (20 by default)
-            "clean_slate_residue_ports": [self.server.ports["http"], self.server.ports["store"]],
+            "clean_slate_residue_ports": [self.server.ports["http"], self.server.ports["store"], self.vllm.ports["http"]],
             "clean_slate_report_dir": str(OUT / "report"),
             "clean_slate_metrics_dir": str(OUT / "metrics"),
         }
@@ -82,8 +87,13 @@ class Scene:
         env["PATH"] = f"{VENV / 'bin'}:{self.node.bin_dir}:{os.environ.get('PATH', '')}"
         return env
 
+    def crash(self) -> None:
+        self.server.crash()
+        self.vllm.crash("api_server")
+
     def stop(self) -> None:
         self.server.stop()
+        self.vllm.stop()
         self.sandbox.stop()
         self.node.stop()
 
@@ -112,8 +122,8 @@ def mib(nbytes: int) -> str:
     return f"{nbytes / 1048576:.1f} MiB" if nbytes >= 1048576 else f"{nbytes // 1024} KiB"
 
 
-def show_tree(scene: Scene, title: str) -> None:
-    srv, sb = scene.server, scene.sandbox
+def show_tree(scene: Scene, title: str, srv: Server | None = None) -> None:
+    srv, sb = srv or scene.server, scene.sandbox
     print(title)
     print(f"  {'PID':>5} {'PPID':>5} {'SID':>5}  {'process (full name, as /proc/PID/cmdline shows it)':<58}  holds")
     ns = {m.pid: m.ns_pid for m in srv.members}
@@ -124,9 +134,9 @@ def show_tree(scene: Scene, title: str) -> None:
             continue
         st = stat(m.pid)
         holds = f"GPU {m.gpu}: {scene.node.memory(m.gpu)['used_mib']} MiB" if m.gpu is not None else ""
-        if m.role == "launcher":
+        if m.role in ("launcher", "api_server"):
             holds = f"HTTP port {srv.ports['http']}"
-        if m.gpu == 0:
+        if m.gpu == 0 and srv.kind == "sglang":
             holds += f", store port {srv.ports['store']}"
         name = m.title if len(m.title) <= 58 else m.title[:55] + "..."
         print(f"  {m.ns_pid:>5} {ns.get(st['ppid'], st['ppid']):>5} {ns.get(st['sid'], st['sid']):>5}  {name:<58}  {holds}")
@@ -153,11 +163,20 @@ def attempt_start(scene: Scene) -> Server | None:
     srv = scene.server
     print(f"  $ python3 -m sglang.launch_server --model-path /models/Qwen3-235B-A22B --tp-size 8 --port {srv.ports['http']}")
     try:
-        again = start_sglang(scene.node, sandbox=scene.sandbox, tp=8, port=srv.ports["http"], nccl_port=srv.ports["store"], mib=100000)
+        again = start_sglang(scene.node, sandbox=scene.sandbox, tp=8, port=srv.ports["http"], nccl_port=srv.ports["store"], mib=SGLANG_MIB)
     except ServerStartError as exc:
         print(f"  fails: {exc}")
         return None
     return again
+
+
+def attempt_vllm(scene: Scene) -> Server | None:
+    print(f"  $ vllm serve /models/Llama-3.1-405B-FP8 --tensor-parallel-size 8 --port {scene.vllm.ports['http']}")
+    try:
+        return start_vllm(scene.node, sandbox=scene.sandbox, tp=8, port=scene.vllm.ports["http"], mib=VLLM_MIB)
+    except ServerStartError as exc:
+        print(f"  fails: {exc}")
+        return None
 
 
 def show_kill(kill: dict[str, t.Any]) -> None:
@@ -168,6 +187,8 @@ def show_kill(kill: dict[str, t.Any]) -> None:
         (s["terminated"], "ended by SIGTERM"),
         (s["killed"], "ended by SIGKILL after SIGTERM"),
         (s["exited"], "already exiting (waited for, not signalled)"),
+        (s.get("stopped", 0), "ended by their server's own stop or, a resource tracker, on their own (no signal)"),
+        (s.get("spared", 0), "resource trackers spared (still needed)"),
         (s["vanished"], "gone before their first signal"),
         (s["unkillable"], "unkillable"),
     ]
@@ -177,7 +198,10 @@ def show_kill(kill: dict[str, t.Any]) -> None:
     for x in kill["targets"]:
         teardown = f", waited {x['teardown_s']} s for its teardown" if x.get("teardown_s") is not None else ""
         signals = "+".join(x["signals_sent"]) or "none"
-        print(f"  {x['pid']:>5} {x['cmdline'][:44]:<44} {x['outcome']:<10} signals {signals:<9} gone after {x['seconds']:.2f} s{teardown}")
+        print(
+            f"  {x['pid']:>5} {x['cmdline'][:44]:<44} {x['step']:<7} {x['outcome']:<10} signals {signals:<9} ended by {x['ended_by'] or '-':<10}"
+            f" gone after {x['seconds']:.2f} s{teardown}"
+        )
         print(f"        found: {'; '.join(x['reasons'])}")
     if kill["protected"]:
         # The report's "protected" list: processes the kill found (on the GPUs' device files, listed by NVML or matching
@@ -204,14 +228,20 @@ def show_residue_result(residue: dict[str, t.Any]) -> None:
     s = residue["summary"]
     print(f"Residue: {s['removed']} removed ({mib(s['removed_bytes'])}), {s['held']} held by live processes, {s['kept']} unheld but kept.")
     for x in residue["removed"]:
-        print(f"  removed  {x['path']:<52} {mib(x['bytes']):>10}")
+        released = f"  (released by this run's kill: PID {', '.join(map(str, x['released_by']))})" if x.get("released_by") else ""
+        print(f"  removed  {x['path']:<52} {mib(x['bytes']):>10}{released}")
     for x in residue["held"]:
         who = ", ".join(f"PID {h['pid']} {full_name(h)} ({'/'.join(h['how'])}{', protected' if h.get('protected') else ''})" for h in x["holders"])
         print(f"  held     {x['path']:<52} by {who}")
     for x in residue["kept"]:
         print(f"  kept     {x['path']:<52} {x['why']}")
     for p in residue["ports"]:
-        print(f"  port {p['port']}: {p['state']}")
+        if "server" not in p:
+            print(f"  port {p['port']}: {p['state']}")
+    server = [p for p in residue["ports"] if "server" in p]
+    if server:
+        states = sorted({p["state"] for p in server})
+        print(f"  the profiles' {len(server)} ports (SGLang's 30000 and its data-parallel plan, vLLM's 8000, 29500, 29501, 29550): {', '.join(states)}")
 
 
 def full_name(rec: dict[str, t.Any]) -> str:
@@ -239,18 +269,25 @@ def demo() -> int:
         srv, node = scene.server, scene.node
         print(f"Simulated node: 8 x NVIDIA H200 ({node.state_dir}); an SGLang server, tp=8, serving on port {srv.ports['http']}:")
         show_tree(scene, "")
+        print(f"and a vLLM server, tp=8, serving on port {scene.vllm.ports['http']} (its share of each GPU: {VLLM_MIB} MiB):")
+        show_tree(scene, "", scene.vllm)
         print(f"Beside it: {', '.join(DAEMONS)} (must survive; nv-hostengine maps the server's broadcast queue), and a torch")
         print(f"process (PID {scene.beside.ns_pid}, pt_main_thread) whose CUDA IPC segment nothing holds.\n")
 
-        print("== The crash: the launcher is SIGKILLed, as the seeds' servers died ==")
-        srv.crash()
-        show_tree(scene, "What is left (PID 1 is the container's init: the schedulers were reparented to it):")
+        print("== The crash: SGLang's launcher is SIGKILLed, as the seeds' servers died; vLLM's API server too (vllm#55510) ==")
+        scene.crash()
+        show_tree(scene, "What is left of SGLang (PID 1 is the container's init: the schedulers were reparented to it):")
         show_residue(scene)
-        print("What blocks the next start:")
+        show_tree(scene, "What is left of vLLM (no parent-death detection in its engine core: it and its workers stay):", scene.vllm)
+        print("What blocks the next starts:")
         if attempt_start(scene) is not None:
             print("  (it started: the crash left nothing in its way)")
             return 1
-        print(f"  and behind that: 8 GPUs each holding {node.memory(0)['used_mib']} MiB (CUDA out of memory), the dead queues in /dev/shm.\n")
+        print(f"  and behind that: 8 GPUs each holding {node.memory(0)['used_mib']} MiB (CUDA out of memory), the dead queues in /dev/shm.")
+        if attempt_vllm(scene) is not None:
+            print("  (it started: the crash left nothing in its way)")
+            return 1
+        print("  its port is free, so a supervisor restarts it at once: into CUDA out of memory, the orphans still on the GPUs.\n")
 
         time.sleep(max(0.0, MIN_AGE + 0.5 - (time.monotonic() - started)))
         print("== The clean ==")
@@ -271,13 +308,18 @@ def demo() -> int:
         print(run.summary())
         print(f"Playbook wall time {run.elapsed:.1f} s (Ansible start-up included).\n")
 
-        print("== The next start ==")
+        print("== The next starts ==")
         again = attempt_start(scene)
         if again is None:
             return 1
         mq = next(p for p in again.shm if os.path.basename(p).startswith("sgl_shm_mq_"))
         print(f"  listening on {again.ports['http']}, store on {again.ports['store']}; its queues: {mq} and {len(again.shm) - 1} more")
+        again_vllm = attempt_vllm(scene)
+        if again_vllm is None:
+            return 1
+        print(f"  listening on {again_vllm.ports['http']}; VLLM::EngineCore and {len(again_vllm.ranks)} workers on the GPUs")
         again.stop()
+        again_vllm.stop()
         alive = [n for n, d in scene.daemons.items() if d.alive()] + (["nv-hostengine"] if scene.hostengine.alive() else [])
         print(f"  {', '.join(alive)} still running.\n")
         ok = len(alive) == len(DAEMONS) and scene.beside.alive()
@@ -299,13 +341,13 @@ def shell(command: list[str]) -> int:
     """A simulated node with the same crash, its inventory in .build/demo, and a shell (or ``command``) beside it."""
     scene = Scene()
     try:
-        scene.server.crash()
+        scene.crash()
         time.sleep(MIN_AGE + 0.5)
         scene.inventory()
         env = {**os.environ, **scene.env(), "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PS1": r"(gpuops demo node) \w\$ "}
         argv = command or [os.environ.get("SHELL", "/bin/bash")]
         if not command:
-            print(f"A simulated 8 x H200 node with a crashed SGLang server (tp=8). Run:\n  {RERUN}\nExit the shell to stop the node.")
+            print(f"A simulated 8 x H200 node with a crashed SGLang server and a crashed vLLM server (tp=8). Run:\n  {RERUN}\nExit the shell to stop the node.")
         return subprocess.run([*scene.sandbox.nsenter_prefix(join_cgroup=True, wd=str(ROOT)), *argv], env=env, check=False).returncode
     finally:
         scene.stop()

@@ -30,12 +30,14 @@ Each rule marks the item ``kept`` (or ``held``) with a sentence saying why; chec
 from __future__ import annotations
 
 import os
+import re
 import time
 import typing as t
+from dataclasses import dataclass
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders
-from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue.owners import Holders
-from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue.walk import Item, Key, Root, creator_pid
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _holders, _procs, _proctable
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue.owners import Holders, scope_of
+from ansible_collections.gpuops.clean_slate.plugins.module_utils._residue.walk import Glob, Item, Key, Root, creator_pid, path_matches
 
 #: A process's start time has a clock tick's resolution (10 ms), a file's times a nanosecond's: a creator that
 #: started up to this long after the file's last change is still taken for its creator (the safe side).
@@ -83,10 +85,47 @@ class Creators:
         return self._cache.get((root.init_pid, pid)) is None and (root.init_pid, pid) not in self._unknown
 
 
-def apply(items: t.Sequence[Item], roots: t.Mapping[int | None, Root], min_age: float, now_ns: int | None = None) -> None:
-    """Keep the orphans whose named creator lives, and those younger than ``min_age`` seconds."""
+@dataclass
+class KeepWhile:
+    """Files a server opens only while it uses them (a torch FileStore, a daemon's marker): kept while a process of that
+    server (one of ``patterns``) runs in the file's scope."""
+
+    server: str
+    globs: list[Glob]
+    patterns: list[re.Pattern[str]]
+
+
+class Running:
+    """The live processes of each scope, read once when a rule first asks (command line, name, executable)."""
+
+    def __init__(self, roots: t.Mapping[int | None, Root]) -> None:
+        self.roots = roots
+        self._facts: list[_procs.ProcFacts] | None = None
+
+    def match(self, rule: KeepWhile, root: Root) -> _procs.ProcFacts | None:
+        """A live process of ``rule``'s server in ``root``'s scope (any on the host for the host's own files), or None."""
+        if self._facts is None:
+            self._facts = [f for pid in _proctable.pids() if (f := _procs.read_facts(pid)) is not None and not f.kernel]
+        for f in self._facts:
+            if _proctable.exited(f.state, f.threads) or _procs.matches_patterns(f, rule.patterns) is None:
+                continue
+            if root.scope is None or scope_of(f.pid, [root.scope]) is not None:
+                return f
+        return None
+
+
+def apply(
+    items: t.Sequence[Item],
+    roots: t.Mapping[int | None, Root],
+    min_age: float,
+    now_ns: int | None = None,
+    keep_while: t.Sequence[KeepWhile] = (),
+) -> None:
+    """Keep the orphans whose named creator lives, those a running server may still use (``keep_while``), and those
+    younger than ``min_age`` seconds unless this run's kill released them (``item.released``)."""
     now = time.time_ns() if now_ns is None else now_ns
     creators = Creators()
+    running = Running(roots)
     young = int(min_age * 1_000_000_000)
     for item in items:
         if item.verdict != "remove":
@@ -94,6 +133,13 @@ def apply(items: t.Sequence[Item], roots: t.Mapping[int | None, Root], min_age: 
         changed = item.changed_ns()
         if changed is None:
             continue  # gone: the removal says so
+        rule = next((r for r in keep_while if any(path_matches(g, item.path) for g in r.globs)), None)
+        if rule is not None:
+            server = running.match(rule, roots[item.vmid])
+            if server is not None:
+                item.verdict = "kept"
+                item.why = f"a process of {rule.server} runs, PID {server.pid} ({server.comm}): it opens this file only while it uses it; kept while one runs"
+                continue
         pid = creator_pid(item.name)
         if pid is not None:
             root = roots[item.vmid]
@@ -109,6 +155,9 @@ def apply(items: t.Sequence[Item], roots: t.Mapping[int | None, Root], min_age: 
                 # its age. SGLang's own sweep applies its minimum age to pid-less names only; a server that crashes
                 # and is restarted at once would otherwise leave its queues for a minute each time.
                 continue
+        if item.released:
+            # Its holders, seen before the kill, were all ended by this run: no server starting now holds it.
+            continue
         if now - changed < young:
             item.verdict = "kept"
             item.why = f"younger than min_age ({max(0.0, (now - changed) / 1e9):.1f} s < {min_age:g} s): a process starting now may not hold it yet"
@@ -141,4 +190,4 @@ def worked_in(directories: t.Mapping[Key, list[Item]], scan: _holders.Scan, hold
             records.append(rec)
         for item in locks:
             if item.verdict == "remove":
-                item.verdict, item.holders = "held", records
+                item.verdict, item.holders, item.holder_pids = "held", records, frozenset(h.pid for h in holds)

@@ -33,7 +33,15 @@ class Holders:
         self.protect = protect
         self.patterns = patterns
         self._cache: dict[int, dict[str, t.Any]] = {}
+        self._start: dict[int, int] = {}
         self.guarded = _protection.lineage(os.getpid())
+
+    def ident(self, pid: int) -> tuple[int, int]:
+        """``pid`` and its start time (clock ticks since boot; 0 when gone): a process as the kill's handoff names it."""
+        if pid not in self._start:
+            st = _proctable.read_stat(pid) if pid > 0 else None
+            self._start[pid] = int(st["starttime"]) if st else 0
+        return (pid, self._start[pid])
 
     def describe(self, pid: int) -> dict[str, t.Any]:
         if pid in self._cache:
@@ -83,12 +91,15 @@ def judge(
             rec["how"] = [how]
             by_pid[pid] = rec
             records.append(rec)
+        unknown = False
         for name in item.tree_sockets if item.kind == "dirs" else (item.name,) if item.kind == "sockets" else ():
             for path in unbound_names.get(name, ()):
+                unknown = True
                 records.append({"pid": None, "name": None, "how": ["bound"], "protected": False, "container": None, "path": path})
         if records:
             item.verdict = "held"
             item.holders = records[:10]
+            item.holder_pids = frozenset(by_pid) | ({0} if unknown else set())
 
 
 def socket_files(items: list[Item]) -> tuple[set[Key], set[str]]:
@@ -187,9 +198,14 @@ def zombies(scan: _holders.Scan, roots: list[Root], holders: Holders) -> tuple[l
     return found, list(parents.values())
 
 
-def port_record(ps: _ports.PortState, root: Root, holders: Holders, owners: dict[int, list[int]], waited: float) -> dict[str, t.Any]:
-    """The result entry of one port, with the owners of its sockets."""
+def port_record(
+    ps: _ports.PortState, root: Root, holders: Holders, owners: dict[int, list[int]], waited: float, server: tuple[str, str] | None = None
+) -> dict[str, t.Any]:
+    """The result entry of one port, with the owners of its sockets; ``server`` (profile, port name) for a port a
+    server profile names (``server_ports``)."""
     rec: dict[str, t.Any] = {"port": ps.port, "state": ps.state, "container": root.vmid, "owners": [], "connections": len(ps.connections)}
+    if server is not None:
+        rec.update(server=server[0], name=server[1])
     rec["time_wait"] = len(ps.closing)
     rec["remaining_s"] = ps.remaining_s if ps.state == "time_wait" else None
     rec["waited_s"] = waited

@@ -25,7 +25,14 @@ def human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-_NOUNS = {"shm": ("segment", "segments"), "sockets": ("socket", "sockets"), "locks": ("lock", "locks"), "dirs": ("directory", "directories")}
+_NOUNS = {
+    "shm": ("segment", "segments"),
+    "sockets": ("socket", "sockets"),
+    "locks": ("lock", "locks"),
+    "dirs": ("directory", "directories"),
+    "files": ("file", "files"),
+    "caches": ("cache file", "cache files"),
+}
 
 
 def _counted(counts: dict[str, int]) -> str:
@@ -46,6 +53,8 @@ def message(summary: dict[str, t.Any], ports: list[dict[str, t.Any]], check_mode
         parts.append("no stale residue")
     if summary["held"]:
         parts.append(f"{summary['held']} held by live processes (kept)")
+    if check_mode and summary.get("released"):
+        parts.append(f"{summary['released']} of them held only by what the kill ends (removed after it)")
     if summary["kept"]:
         parts.append(f"{summary['kept']} unheld but kept (a live creator, or younger than min_age)")
     if summary["stale"]:
@@ -53,8 +62,14 @@ def message(summary: dict[str, t.Any], ports: list[dict[str, t.Any]], check_mode
     if summary["errors"]:
         parts.append(f"{summary['errors']} could not be removed")
     by_state: dict[str, list[str]] = {}
+    bindable = 0
     for p in ports:
         label = str(p["port"]) if p["container"] is None else f"{p['port']} (ct {p['container']})"
+        if "server" in p:
+            label += f" ({p['server']} {p['name']})" if p.get("name") else f" ({p['server']})"
+            if p["state"] != "listening":
+                bindable += 1  # both servers set SO_REUSEADDR: TIME_WAIT and connections do not stop their bind
+                continue
         if p["state"] == "listening":
             owners = [o for o in p["owners"] if o.get("listening")]
             who = f"{owners[0]['pid']} {owners[0]['name']}" if owners else "owner not visible"
@@ -69,6 +84,8 @@ def message(summary: dict[str, t.Any], ports: list[dict[str, t.Any]], check_mode
     if by_state.get("free"):
         free = by_state["free"]
         parts.append(f"port {free[0]} free" if len(free) == 1 else f"ports {', '.join(free)} free")
+    if bindable:
+        parts.append(f"{bindable} server port{'s' if bindable > 1 else ''} free for the next start")
     if summary["zombies"]:
         parts.append(f"{summary['zombies']} zombie(s) under {len(summary['non_reaping'])} non-reaping parent(s)")
     return ", ".join(parts)
@@ -120,7 +137,10 @@ def report(
         "ignored": len(lists["ignored"]),
         "errors": len(lists["errors"]),
         "kinds": kinds,
-        "ports": {(str(p["port"]) if p["container"] is None else f"{p['container']}:{p['port']}"): p["state"] for p in ports},
+        "ports": {(str(p["port"]) if p["container"] is None else f"{p['container']}:{p['port']}"): p["state"] for p in ports if "server" not in p},
+        "server_ports": {(str(p["port"]) if p["container"] is None else f"{p['container']}:{p['port']}"): p["state"] for p in ports if "server" in p},
+        # What this run's kill released (removed whatever its age; in check mode still held, listed with released_by).
+        "released": sum(1 for i in items if i.released and i.verdict in ("remove", "removed", "held")),
         "zombies": len(zombie_list),
         "non_reaping": [p["why"] for p in non_reaping],
         "paths": {
@@ -174,6 +194,22 @@ def problems(fail_on: t.AbstractSet[str], errors: list[Item], incomplete: bool, 
         failures.append((_reasons.SCAN_INCOMPLETE, f"{notes[-1]} Nothing was removed."))
     for p in ports:
         label = f"port {p['port']}" + (f" in container {p['container']}" if p["container"] is not None else "")
+        if "server" in p:
+            # A port a server profile names: the next start of that server binds it with SO_REUSEADDR (TIME_WAIT and
+            # connections do not stop it), and a listener stops it only when it is that server's own (one that
+            # survived, or shares the port with SO_REUSEPORT); another service there is reported, not failed.
+            servers = [o for o in p["owners"] if o.get("listening") and o.get("matches")]
+            if p["state"] == "listening" and "listening" in fail_on and servers:
+                who = ", ".join(f"PID {o['pid']} ({o['name']})" for o in servers)
+                failures.append(
+                    (
+                        _reasons.PORT_IN_USE,
+                        f"{label} ({p['server']} {p['name'] or 'port'}) is still listened on by {who}, a process of the server: the next start"
+                        " cannot bind it, or shares it with SO_REUSEPORT and loses requests to it. End it (it matches the kill patterns: run the"
+                        " kill phase first) and run again.",
+                    )
+                )
+            continue
         if p["state"] == "listening" and "listening" in fail_on:
             owners = [o for o in p["owners"] if o.get("listening")]
             who = ", ".join(f"PID {o['pid']} ({o['name']})" for o in owners) or "a process this host cannot see"

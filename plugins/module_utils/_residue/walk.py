@@ -48,6 +48,9 @@ DEFAULT_SHM = (
     # The CUDA driver's IPC segment "cuda.shm.0.<creator pid in hex>.<n>" (libcuda; what a torch server tree left on an
     # H200: docs/results/server-facts-h200x1-2026-12-02.json; SGLang's own sweep lists the family)
     "/dev/shm/cuda.shm.*",
+    # loky's (joblib's) semaphores, SemLock name "/loky-<pid>-<rand>" (joblib/externals/loky/backend/synchronize.py);
+    # SGLang's own sweep lists them
+    "/dev/shm/sem.loky-*",
 )
 DEFAULT_SOCKETS = (
     "/tmp/tmp????????",  # SGLang: ipc://{NamedTemporaryFile(delete=False).name} (python/sglang/srt/server_args.py PortArgs)
@@ -75,6 +78,10 @@ DEFAULT_DIRS = (
     "/tmp/torchelastic_*",  # tempfile.mkdtemp(prefix="torchelastic_") (prime-rl PR#2331)
     "/tmp/torch-shm-dir-*",  # torch_shm_manager's directory, empty once its socket is gone
 )
+# Regular files that are no segments (a rendezvous store, a daemon's marker) and cached answers: the role's server
+# profiles name them (roles/clean_slate/profiles/); the modules have none by default.
+DEFAULT_FILES: tuple[str, ...] = ()
+DEFAULT_CACHES: tuple[str, ...] = ()
 #: Where patterns may point: every pattern must lie under one of these (the ``roots`` option).
 DEFAULT_ROOTS = ("/dev/shm", "/tmp", "/var/tmp", "/root", "/home")
 #: Directories no root may be, or lie under: the system itself (``/dev/shm`` and ``/var/tmp`` are allowed).
@@ -88,6 +95,12 @@ CREATOR_PID: tuple[tuple[re.Pattern[str], int, str], ...] = (
     (re.compile(r"^multi_tokenizer_args_(\d+)$"), 10, "SGLang's multi-tokenizer arguments"),
     (re.compile(r"^torch_(\d+)_\d+(?:_\d+)?$"), 10, "torch's NewProcessWideShmHandle"),
     (re.compile(r"^cuda\.shm\.[0-9a-f]+\.([0-9a-f]+)\.[0-9a-f]+$"), 16, "the CUDA driver's IPC segment"),
+    # loky (joblib): SemLock(..., name="/loky-<pid>-<rand>"), which glibc stores as sem.loky-<pid>-<rand>
+    # (joblib/externals/loky/backend/synchronize.py)
+    (re.compile(r"^sem\.loky-(\d+)-[^/]+$"), 10, "loky's semaphore"),
+    # prometheus_client's multiprocess mode: <type>_<pid>.db in PROMETHEUS_MULTIPROC_DIR, mapped by its process
+    # (prometheus_client/values.py MultiProcessValue, mmap_dict.py)
+    (re.compile(r"^(?:counter|gauge_[a-z]+|histogram|summary)_(\d+)\.db$"), 10, "prometheus_client's multiprocess file"),
 )
 
 
@@ -101,7 +114,12 @@ def creator_pid(name: str) -> int | None:
     return None
 
 
-KINDS = ("shm", "sockets", "locks", "dirs")
+#: The kinds of residue, each with its option: ``shm`` (segments: regular files), ``sockets`` (socket files, and the 0-byte
+#: regular file a socket path is before it is bound), ``locks`` (regular files), ``dirs`` (directories), ``files`` (other
+#: regular files: rendezvous stores, markers), ``caches`` (regular files holding a cached answer).
+KINDS = ("shm", "sockets", "locks", "dirs", "files", "caches")
+#: The kinds whose items are regular files.
+REGULAR = ("shm", "locks", "files", "caches")
 
 MAX_DEPTH = 16  # levels a "**" descends
 MAX_TREE = 100000  # entries of one directory judged before it is given up as too big
@@ -117,11 +135,13 @@ EMPTY_SOCKETS: t.Mapping[str, Key] = types.MappingProxyType({})
 
 @dataclass
 class Glob:
-    """One path glob, split into components."""
+    """One path glob, split into components; a directory glob may say what the directory must hold (``holding``)."""
 
     kind: str
     pattern: str
     parts: list[str]
+    holding: str | None = None  #: dirs only: a name glob every entry must match (a directory recognised by its files)
+    option: str = ""  #: the option it came from, when not its kind's (dirs_holding)
 
 
 def parse_roots(roots: t.Sequence[str]) -> list[tuple[str, ...]]:
@@ -150,10 +170,10 @@ def check_roots(globs: t.Sequence[Glob], roots: t.Sequence[tuple[str, ...]]) -> 
         if not any(len(g.parts) > len(r) and tuple(g.parts[: len(r)]) == r for r in roots):
             shown = ", ".join("/" + "/".join(r) for r in roots) or "none"
             raise CleanSlateError(
-                f"{g.kind}: {g.pattern!r} is outside the roots ({shown}); residue is looked for only there. Add its directory to"
+                f"{g.option or g.kind}: {g.pattern!r} is outside the roots ({shown}); residue is looked for only there. Add its directory to"
                 " roots (clean_slate_residue_roots in the role) if it really holds a job's residue.",
                 reason=_reasons.BAD_ARGUMENTS,
-                option=g.kind,
+                option=g.option or g.kind,
             )
 
 
@@ -182,6 +202,21 @@ def parse_glob(kind: str, pattern: str) -> Glob:
     return Glob(kind=kind, pattern=pattern, parts=parts)
 
 
+def parse_holding(option: str, entry: t.Mapping[str, t.Any]) -> Glob:
+    """One ``dirs_holding`` entry: a directory glob (``dir``, checked as a ``dirs`` pattern) and the name glob every entry
+    of such a directory matches (``files``: a name, no ``/``); only a directory that holds at least one such regular file
+    and nothing else is a candidate, so a broad ``dir`` (``/tmp/tmp????????``, every ``mkdtemp``) stays safe."""
+    glob = parse_glob("dirs", str(entry.get("dir", "")))
+    files = entry.get("files")
+    if not isinstance(files, str) or not files or "/" in files or "\0" in files or not _GLOB.sub("", files):
+        raise CleanSlateError(
+            f"{option}: files {files!r} (for {glob.pattern}) must be a file name glob with literal characters and no '/' (for example '*_[0-9]*.db').",
+            reason=_reasons.BAD_ARGUMENTS,
+            option=option,
+        )
+    return Glob(kind="dirs", pattern=glob.pattern, parts=glob.parts, holding=files, option=option)
+
+
 # ---------------------------------------------------------------------- items
 class Item:
     """One candidate: a file or directory a glob matched.
@@ -194,6 +229,7 @@ class Item:
         "creator",
         "dev",
         "dir_fd",
+        "holder_pids",
         "holders",
         "ino",
         "kind",
@@ -201,6 +237,7 @@ class Item:
         "nbytes",
         "newest",
         "parent",
+        "released",
         "st",
         "tree",
         "tree_dirs",
@@ -231,11 +268,13 @@ class Item:
         # file's inode, only the unix tables name it, so a directory is judged against them as well.
         self.tree_sockets: t.Mapping[str, Key] = EMPTY_SOCKETS
         self.holders: list[dict[str, t.Any]] = []
+        self.holder_pids: frozenset[int] = frozenset()  # every holder's pid (holders lists ten at most); 0 for an unknown binder
         self.verdict = "remove"  # remove, held, kept, stale, skipped, removed, vanished, error
         self.why = ""
         # dirs only: the newest change (mtime or ctime, ns) of anything in the tree, found while it is listed
         self.newest = 0
         self.creator: dict[str, t.Any] | None = None  # the live process its name says made it (kept for it)
+        self.released: list[int] | None = None  # the pids this run's kill ended that held it (orphaned at once)
 
     def changed_ns(self) -> int | None:
         """When it (for a directory, anything in it) last changed: the newest of mtime and ctime, in ns; None when gone."""
@@ -276,6 +315,8 @@ class Item:
             rec["holders"] = self.holders
         if self.creator:
             rec["creator"] = self.creator
+        if self.released:
+            rec["released_by"] = self.released
         if self.why:
             rec["why"] = self.why
         return rec
@@ -337,13 +378,18 @@ class Walker:
         except OSError:
             return []
 
-    def walk(self, kind: str, dir_parts: list[str], names: re.Pattern[str]) -> None:
-        """Visit every directory matching ``dir_parts`` and collect its entries matching ``names``."""
+    def walk(self, kind: str, dir_parts: list[str], names: re.Pattern[str], holding: str | None = None) -> None:
+        """Visit every directory matching ``dir_parts`` and collect its entries matching ``names`` (directories that hold
+        only files matching ``holding``, when given)."""
+        self._holding = re.compile(fnmatch.translate(holding)) if holding else None
         top = os.dup(self.root.fd)
         try:
             self._descend(top, "", dir_parts, 0, 0, kind, names)
         finally:
             os.close(top)
+            self._holding = None
+
+    _holding: re.Pattern[str] | None = None
 
     def _descend(self, fd: int, rel: str, parts: list[str], i: int, depth: int, kind: str, names: re.Pattern[str]) -> None:
         if i == len(parts):
@@ -379,8 +425,8 @@ class Walker:
             self.notes.append(f"{self.root.label(rel or '/')}: cannot list ({exc.strerror}).")
             return
         # On tmpfs the directory entry's type and inode are the file's own (no overlay remaps them).
-        lazy = kind in ("shm", "locks") and self.root.fstypes.get(dev) == "tmpfs"
-        wanted = {"shm": st_mod.S_IFREG, "locks": st_mod.S_IFREG, "sockets": st_mod.S_IFSOCK, "dirs": st_mod.S_IFDIR}[kind]
+        lazy = kind in REGULAR and self.root.fstypes.get(dev) == "tmpfs"
+        wanted = st_mod.S_IFSOCK if kind == "sockets" else st_mod.S_IFDIR if kind == "dirs" else st_mod.S_IFREG
         vmid, seen, all_names = self.root.vmid, self._seen, self.names
         for entry in entries:
             name = entry.name
@@ -397,7 +443,7 @@ class Walker:
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 except OSError:
                     continue  # gone since the listing
-                if st_mod.S_IFMT(st.st_mode) != wanted:
+                if st_mod.S_IFMT(st.st_mode) != wanted and not (kind == "sockets" and unbound_path(st)):
                     continue
                 key = (st.st_dev, st.st_ino)
             mark = (kind, key[0], key[1])
@@ -407,6 +453,8 @@ class Walker:
             seen.add(mark)
             item = Item(kind, rel, vmid, fd, name, key[0], key[1], st)
             if kind == "dirs" and not self._tree(fd, item):
+                continue
+            if kind == "dirs" and self._holding is not None and not holds_only(item, self._holding):
                 continue
             found.append(item)
         if found:
@@ -418,6 +466,8 @@ class Walker:
 
     def _tree(self, parent: int, item: Item) -> bool:
         """Every entry of a candidate directory (its keys, names and bytes); False when it cannot be judged whole."""
+        holding = self._holding
+        quiet = holding is not None  # a directory that is not what holding describes is no candidate: no note
         tree, tree_dirs, tree_names = {item.key}, {item.key}, {item.name}
         tree_sockets: dict[str, Key] = {}
         item.tree, item.tree_dirs, item.tree_names, item.tree_sockets = tree, tree_dirs, tree_names, tree_sockets
@@ -429,10 +479,14 @@ class Walker:
             with os.scandir(fd) as it:
                 entries = [e.name for e in it]
             for child in entries:
+                if holding is not None and not holding.match(child):
+                    raise GiveUp("holds another file")  # not what holding describes: no need to look further
                 try:
                     cst = os.stat(child, dir_fd=fd, follow_symlinks=False)
                 except OSError:
                     continue
+                if holding is not None and not st_mod.S_ISREG(cst.st_mode):
+                    raise GiveUp("holds something that is no regular file")
                 if st_mod.S_ISDIR(cst.st_mode) and cst.st_dev != dev:
                     raise GiveUp("contains a mount point")
                 tree.add((cst.st_dev, cst.st_ino))
@@ -462,10 +516,12 @@ class Walker:
             visit(top, item.dev, 1)
             return True
         except GiveUp as exc:
-            self.notes.append(f"{self.root.label(item.path)} {exc}; it was left alone.")
+            if not quiet:
+                self.notes.append(f"{self.root.label(item.path)} {exc}; it was left alone.")
             return False
         except OSError as exc:
-            self.notes.append(f"{self.root.label(item.path)}: {exc.strerror}; it was left alone.")
+            if not quiet:
+                self.notes.append(f"{self.root.label(item.path)}: {exc.strerror}; it was left alone.")
             return False
         finally:
             os.close(top)
@@ -474,6 +530,33 @@ class Walker:
         for fd in self.kept:
             os.close(fd)
         self.kept = []
+
+
+def path_matches(glob: Glob, path: str) -> bool:
+    """Whether ``path`` (absolute, as its scope sees it) is one ``glob`` matches, component by component (``**`` any
+    number of directories), as the walker matches it."""
+    parts = [p for p in path.split("/") if p]
+
+    def match(i: int, j: int) -> bool:
+        if i == len(glob.parts):
+            return j == len(parts)
+        if glob.parts[i] == "**":
+            return any(match(i + 1, k) for k in range(j, min(len(parts), j + MAX_DEPTH) + 1))
+        return j < len(parts) and fnmatch.fnmatchcase(parts[j], glob.parts[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
+def unbound_path(st: os.stat_result) -> bool:
+    """A socket path made and never bound: a 0-byte regular file (``NamedTemporaryFile(delete=False).name`` handed to
+    ZMQ, whose bind replaces it with the socket; a crash in between leaves it)."""
+    return st_mod.S_ISREG(st.st_mode) and st.st_size == 0
+
+
+def holds_only(item: Item, files: re.Pattern[str]) -> bool:
+    """Whether a directory holds at least one entry and every entry is a name ``files`` matches (no subdirectory)."""
+    names = item.tree_names - {item.name}
+    return bool(names) and len(item.tree_dirs) == 1 and all(files.match(n) for n in names)
 
 
 def mount_types(pid: int | None) -> dict[int, str]:
@@ -513,16 +596,16 @@ def open_roots(scopes: t.Sequence[_scope.Scope]) -> list[Root]:
 
 def collect(globs: t.Sequence[Glob], roots: list[Root], notes: list[str]) -> tuple[list[Item], list[Walker]]:
     """Every candidate of every glob under every root (directories with several globs are listed once per kind)."""
-    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    groups: dict[tuple[str, tuple[str, ...], str | None], list[str]] = {}
     for g in globs:
-        groups.setdefault((g.kind, tuple(g.parts[:-1])), []).append(g.parts[-1])
+        groups.setdefault((g.kind, tuple(g.parts[:-1]), g.holding), []).append(g.parts[-1])
     walkers = []
     items: list[Item] = []
     for root in roots:
         w = Walker(root, notes)
         walkers.append(w)
-        for (kind, dir_parts), lasts in groups.items():
+        for (kind, dir_parts, holding), lasts in groups.items():
             names = re.compile("|".join(f"(?:{fnmatch.translate(x)})" for x in lasts))
-            w.walk(kind, list(dir_parts), names)
+            w.walk(kind, list(dir_parts), names, holding)
         items.extend(w.items)
     return items, walkers

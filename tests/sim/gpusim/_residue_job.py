@@ -16,7 +16,8 @@ the real software does it, so the files and sockets are the real thing:
   SIGKILL it and all of that is orphaned.
 * ``hold``: a live process that maps, opens, flocks, binds, or works in
   given paths, optionally under a protected daemon's name (``--comm``).
-* ``listen``: a TCP listener on 127.0.0.1.
+* ``listen``: a TCP listener on 127.0.0.1 (``--count`` of them with ``--reuseport``, as vLLM's API servers share
+  their port; ``--title`` sets the command line, as setproctitle does).
 * ``connected``: a server that closed its listener but keeps a connection on the port.
 * ``time-wait``: a listener that serves ``--count`` connections, closes them
   first (so the server side goes to TIME_WAIT on its port) and exits.
@@ -26,6 +27,16 @@ the real software does it, so the files and sockets are the real thing:
 * ``handoff``: a process starting beside a run: when ``--after-pid`` has exited, it makes a segment, writes
   it and closes it (handing it to a reader by name, as ``multiprocessing.shared_memory`` users do), so that
   nothing holds it yet.
+* ``server-files``: what SGLang and vLLM leave besides their queues (round4-facts §3), each made the way the
+  server's code makes it: a torch FileStore (``file:///tmp/vllm_dist_<hex>``: opened, flocked, written and closed
+  per operation), loky semaphores (``SemLock`` named ``/loky-<pid>-<rand>``), a Prometheus multiprocess directory
+  (``tempfile.mkdtemp()`` with prometheus_client's mapped ``<type>_<pid>.db``), a ZMQ path never bound (the
+  ``NamedTemporaryFile(delete=False)`` placeholder of a crash before bind), the forward-pass metrics socket
+  (``<name>.<dp_rank>``), the fd-exchange directory and socket (``mkdtemp(prefix="sgl_ar_fd_")/rank_<r>.sock``),
+  the load collector's and the weight-cache daemon's sockets and its ``.ready`` marker, vLLM's ``--uds`` socket
+  (bound, never unlinked), torch build batons (``O_CREAT|O_EXCL``: ``symm_allocator/lock``,
+  ``sgl_bump_arena/<pid>_<n>/lock``, ``lock``), SGLang's relocated JIT cache locks and vLLM's cached P2P answer.
+  SIGKILL it and all of that is orphaned; alive, it holds what its source holds.
 * ``init``: pid 1 of a residue container: mounts tmpfs on the given
   directories of its new mount namespace, brings the loopback up in its new
   network namespace, and reaps its children or (``--no-reap``) does not.
@@ -135,6 +146,97 @@ def job(args):
         signal.pause()
 
 
+def server_files(args):
+    tmp, shm, cache, pid = args.tmp, args.shm, args.cache, os.getpid()
+    out = {}
+    # vLLM: get_file_store_init_method() -> file:///tmp/vllm_dist_<uuid4 hex>; torch's FileStore opens the file per
+    # operation (O_RDWR|O_CREAT), flocks it, appends its key/value records and closes it.
+    store = f"{tmp}/vllm_dist_{uuid.uuid4().hex}"
+    with open(store, "ab") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.write(struct.pack("<I", 8) + b"cnt_0000" + struct.pack("<I", 1) + b"1")
+    out["filestore"] = store
+    # loky: SemLock(kind, value, maxvalue, "/loky-<pid>-<rand>", unlink=False), mapped while its process lives.
+    if shm == "/dev/shm":
+        import _multiprocessing
+
+        name = f"/loky-{pid}-{os.urandom(4).hex()}"
+        KEEP.append(_multiprocessing.SemLock(1, 1, 1, name, False))
+        out["loky"] = f"/dev/shm/sem.{name[1:]}"
+    # The Prometheus multiprocess directory (--enable-metrics): mkdtemp(), PROMETHEUS_MULTIPROC_DIR, and
+    # prometheus_client's MmapedDict files <type>_<pid>.db, each mapped while its process lives.
+    metrics = tempfile.mkdtemp(dir=tmp)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
+    try:
+        import prometheus_client
+
+        KEEP.append(prometheus_client.Counter("sglang_requests", "requests"))
+        KEEP[-1].inc()
+        KEEP.append(prometheus_client.Gauge("sglang_running", "running", multiprocess_mode="all"))
+        KEEP[-1].set(1)
+    except ImportError:  # as MmapedDict makes them: a 1 MiB file, its used-bytes header, mapped
+        for kind in ("counter", "gauge_all"):
+            fd = os.open(f"{metrics}/{kind}_{pid}.db", os.O_RDWR | os.O_CREAT, 0o644)
+            os.ftruncate(fd, 1 << 20)
+            m = mmap.mmap(fd, 1 << 20)
+            m[0:8] = struct.pack("i", 8) + b"\0" * 4
+            KEEP.append(m)
+    out["prometheus"] = metrics
+    # SGLang's PortArgs: ipc://{NamedTemporaryFile(delete=False).name}; a crash before the bind leaves the 0-byte file.
+    with tempfile.NamedTemporaryFile(delete=False, dir=tmp) as named:
+        out["unbound"] = named.name
+
+    def bind(path, kind=socket.SOCK_STREAM):
+        s = socket.socket(socket.AF_UNIX, kind)
+        s.bind(path)
+        s.listen(8)
+        KEEP.append(s)
+        return path
+
+    # The forward-pass metrics ipc of dp rank 0: <NamedTemporaryFile name>.<dp_rank> (metrics_reporter.py).
+    with tempfile.NamedTemporaryFile(delete=False, dir=tmp) as named:
+        base = named.name
+    os.unlink(base)
+    out["metrics_ipc"] = bind(f"{base}.0")
+    # The fd exchange (cuda_vmm_utils.py): mkdtemp(prefix="sgl_ar_fd_") and rank_<r>.sock, SOCK_SEQPACKET.
+    fd_dir = tempfile.mkdtemp(prefix="sgl_ar_fd_", dir=tmp)
+    out["ar_fd_dir"] = fd_dir
+    out["ar_fd"] = bind(f"{fd_dir}/rank_0.sock", socket.SOCK_SEQPACKET)
+    out["load_collector"] = bind(f"{tmp}/sglang_load_collector_{uuid.uuid4().hex[:12]}_{os.urandom(2).hex()}.sock")
+    # The weight-cache daemon (weight_cache/daemon.py serve): its socket, then its .ready marker, written and closed.
+    gpu = f"GPU-{uuid.uuid4()}"
+    out["weight_cache"] = bind(f"{tmp}/sglang_weight_cache_{gpu}.sock")
+    out["weight_ready"] = f"{tmp}/sglang_weight_cache_{gpu}.ready"
+    with open(out["weight_ready"], "w") as fh:
+        fh.write(f"pid={pid}\nconfig={{}}\n")
+    if args.uds:
+        out["uds"] = bind(args.uds)  # create_server_unix_socket: bind(path), never unlinking a stale one first
+    # torch build batons (cpp_extension FileBaton.try_acquire: O_CREAT|O_EXCL), held by no descriptor.
+    batons = {"symm": f"{tmp}/symm_allocator/lock", "bump": f"{tmp}/sgl_bump_arena/{pid}_0/lock", "lock": f"{tmp}/lock"}
+    for key, path in batons.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+        out[key] = path
+    if cache:
+        # SGLang's relocated JIT caches (environ.py third_party_cache_defaults): a triton FileLock, flocked while held.
+        lock = f"{cache}/sglang/triton/{os.urandom(8).hex()}/kernel.lock"
+        os.makedirs(os.path.dirname(lock), exist_ok=True)
+        fh = open(lock, "a")  # noqa: SIM115 - held until death, as filelock holds it
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        KEEP.append(fh)
+        out["jit_lock"] = lock
+        # vLLM's cached P2P answer (all_reduce_utils.py): json.dump to VLLM_CACHE_ROOT/gpu_p2p_access_cache_for_<devices>.json.
+        p2p = f"{cache}/vllm/gpu_p2p_access_cache_for_0,1,2,3.json"
+        os.makedirs(os.path.dirname(p2p), exist_ok=True)
+        with open(p2p, "w") as fh2:
+            json.dump({"0->1": True, "1->0": True}, fh2)
+        out["p2p"] = p2p
+    set_comm(args.comm)
+    ready(out)
+    while True:
+        signal.pause()
+
+
 def hold(args):
     set_comm(args.comm)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -172,12 +274,25 @@ def hold(args):
 
 def listen(args):
     set_comm(args.comm)
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", args.port))
-    s.listen(8)
-    KEEP.append(s)
-    ready({"port": s.getsockname()[1]})
+    if args.title:
+        # setproctitle, as vLLM names its API servers (VLLM::APIServer_<i>): the command line reads the title.
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])
+        data = args.title.encode()[: end - start - 1]
+        ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
+    port = args.port
+    for _unused in range(args.count):
+        # vLLM with --api-server-count > 1: every API server listens on the port with SO_REUSEPORT.
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if args.reuseport:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(8)
+        KEEP.append(s)
+        port = s.getsockname()[1]
+    ready({"port": port})
     while True:
         signal.pause()
 
@@ -332,6 +447,9 @@ def main():
     p = sub.add_parser("listen")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--comm", default="")
+    p.add_argument("--title", default="")
+    p.add_argument("--count", type=int, default=1)
+    p.add_argument("--reuseport", action="store_true")
     p = sub.add_parser("time-wait")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--count", type=int, default=2)
@@ -348,6 +466,12 @@ def main():
     p.add_argument("--shm", default="/dev/shm")
     p.add_argument("--after-pid", type=int, default=0)
     p.add_argument("--comm", default="")
+    p = sub.add_parser("server-files")
+    p.add_argument("--shm", default="/dev/shm")
+    p.add_argument("--tmp", required=True)
+    p.add_argument("--cache", default="")
+    p.add_argument("--uds", default="")
+    p.add_argument("--comm", default="")
     p = sub.add_parser("init")
     p.add_argument("--tmpfs", action="append", default=[])
     p.add_argument("--lo-up", action="store_true")
@@ -363,6 +487,7 @@ def main():
         "zombies": zombies,
         "creator": creator,
         "handoff": handoff,
+        "server-files": server_files,
         "init": init,
     }[args.mode](args)
 

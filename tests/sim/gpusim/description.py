@@ -228,6 +228,9 @@ class Description:
     # How long an exiting CUDA process stays in the driver (state D) after its memory is back:
     # 0 on the H200 (the process was gone when its memory was), more to model a task stuck there.
     teardown_hang_ms: int = 0
+    # 1: a context's memory goes down step by step between its death and its release (a long teardown that makes
+    # progress, as on GB300, where it takes more than 30 s: sglang PR #31281); 0: all of it at the release (the H200).
+    release_gradual: int = 0
     # What a CUDA start costs on an H200 with persistence mode on (docs/results/cuda-facts-h200x1-2026-12-02.json):
     # cuInit 0.10-0.21 s, cuDevicePrimaryCtxRetain 0.10-0.16 s, cuDevicePrimaryCtxRelease 0.06-0.10 s.
     cuda_init_ms: int = 100
@@ -287,6 +290,7 @@ class Description:
             f"release_us_per_gib={self.release_us_per_gib}",
             f"context_overhead_mib={self.context_overhead_mib}",
             f"teardown_hang_ms={self.teardown_hang_ms}",
+            f"release_gradual={self.release_gradual}",
             f"cuda_init_ms={self.cuda_init_ms}",
             f"cuda_ctx_ms={self.cuda_ctx_ms}",
             f"cuda_release_ms={self.cuda_release_ms}",
@@ -419,6 +423,7 @@ class Description:
             release_us_per_gib=int(kv.get("release_us_per_gib", "0")),
             context_overhead_mib=int(kv.get("context_overhead_mib", "0")),
             teardown_hang_ms=int(kv.get("teardown_hang_ms", "0")),
+            release_gradual=int(kv.get("release_gradual", "0")),
             cuda_init_ms=int(kv.get("cuda_init_ms", "100")),
             cuda_ctx_ms=int(kv.get("cuda_ctx_ms", "120")),
             cuda_release_ms=int(kv.get("cuda_release_ms", "70")),

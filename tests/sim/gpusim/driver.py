@@ -58,6 +58,8 @@ from .teardown import TeardownFS
 KINDS = ("compute", "graphics", "mps")
 
 MIB = 1 << 20
+#: How often a gradual teardown (``release_gradual``) lowers a dying context's memory.
+GRADUAL_STEP_NS = 250_000_000
 
 
 @dataclass
@@ -311,6 +313,7 @@ class Driver:
                         write_record(self.state, ctx)
                     except OSError:
                         pass
+                    self._gradual(ctx)
                 if ctx.release_ns is not None:
                     releases.append(ctx.release_ns)
         return max(releases) if releases else None
@@ -331,7 +334,31 @@ class Driver:
                 write_record(self.state, ctx)
             except OSError:
                 return  # state dir removed: the node is gone
+            self._gradual(ctx)
         self._expire(ctx)
+
+    def _step_down(self, ctx: Context) -> None:
+        """With ``release_gradual``: lower a dying context's memory step by step from its death to its release, rewriting
+        its record (the library reads it on every call), as a long teardown frees what it can as it goes."""
+        assert ctx.release_ns is not None and ctx.dead_ns is not None
+        whole, span = ctx.mib, max(1, ctx.release_ns - ctx.dead_ns)
+        while ctx.release_ns - time.monotonic_ns() > GRADUAL_STEP_NS:
+            time.sleep(GRADUAL_STEP_NS / 1e9)
+            with self.mutex:
+                ctx.mib = max(0, whole * (ctx.release_ns - time.monotonic_ns()) // span)
+            try:
+                write_record(self.state, ctx)
+            except OSError:
+                return  # state dir removed: the node is gone
+
+    def _gradual(self, ctx: Context) -> None:
+        """Start :meth:`_step_down` for a context just stamped dead, when the node asks for gradual teardowns."""
+        try:
+            gradual = bool(self.desc().release_gradual)
+        except OSError:
+            gradual = False
+        if gradual:
+            threading.Thread(target=self._step_down, args=(ctx,), daemon=True).start()
 
     def _expire(self, ctx: Context) -> None:
         """Delete the record once the release time has passed (the library

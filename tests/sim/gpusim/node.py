@@ -711,11 +711,15 @@ class Node:
             self.desc.release_us_per_gib = round(float(per_gib_ms) * 1000)
         self.desc.write(self.state_dir)
 
-    def set_teardown(self, hang_ms: int | None = None) -> None:
+    def set_teardown(self, hang_ms: int | None = None, gradual: bool | None = None) -> None:
         """How long an exiting worker stays in the driver (state D) after its memory is freed:
-        0 (the H200's behaviour) by default; seconds model a task stuck in the driver."""
+        0 (the H200's behaviour) by default; seconds model a task stuck in the driver. ``gradual``: a dying
+        context's memory goes down step by step until its release (a long teardown that makes progress, with
+        ``set_release_timing(delay_ms=...)`` as its length) instead of all at once at the release."""
         if hang_ms is not None:
             self.desc.teardown_hang_ms = int(hang_ms)
+        if gradual is not None:
+            self.desc.release_gradual = int(bool(gradual))
         self.desc.write(self.state_dir)
 
     def set_mig(self, gpus: list[int] | int, enabled: bool = True) -> None:

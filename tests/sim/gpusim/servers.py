@@ -9,7 +9,16 @@ down in the driver as the H200 measured. ``crash()`` ends a server the way the s
   (PR_SET_PDEATHSIG), the schedulers, each in a session of its own, are reparented to PID 1 (or a
   subreaper) and keep their GPU memory, their store port and their queues (sglang#23627, PR#31645);
 * vLLM: the engine core is SIGKILLed (the OOM killer's choice); the API server exits when it sees
-  that, the workers are reparented and keep their GPUs (vllm#34643).
+  that, the workers are reparented and keep their GPUs (vllm#34643). ``crash("api_server")``: the API server
+  is SIGKILLed (or OOM-killed) instead; the engine core has no parent-death detection (vLLM 0.34), so it and
+  its workers stay, reparented, on the GPUs (vllm#55510): the port frees and the next start meets CUDA OOM.
+
+Each also stops itself as its source does when its root gets SIGTERM (_server_proc.py says how: SGLang's
+launcher sends ShutdownReq and kills the rest of its tree, vLLM's API server has its engine core stop its
+workers); ``timing`` shortens the servers' own waits for a test (their real values by default: SGLang's
+watchdog polls every 5 s, ``sigterm_poll_s``; it waits 15 s for its schedulers, ``scheduler_exit_s``; vLLM's
+process manager waits 5 s, ``api_shutdown_s``, its engine core 5 s then 4 s, ``worker_wait_s``,
+``worker_term_s``).
 
     sb = node.sandbox(); private_shm(sb)
     srv = start_sglang(node, sandbox=sb, tp=8, port=30000)      # ServerStartError if it cannot start
@@ -129,14 +138,16 @@ class Server:
         return Path(f"/proc/{self.sandbox.init_pid}/root") / path.lstrip("/")
 
     # ------------------------------------------------------------ ending it
-    def crash(self, timeout: float = 10.0) -> list[Member]:
-        """End the server as the seeds' servers ended (module docstring); returns the survivors."""
-        first = self.launcher if self.kind == "sglang" else self.role("engine_core")[0]
+    def crash(self, which: str | None = None, timeout: float = 10.0) -> list[Member]:
+        """End the server as the seeds' servers ended (module docstring): ``which`` member is SIGKILLed (SGLang: the
+        launcher; vLLM: ``engine_core`` by default, or ``api_server``); returns the survivors."""
+        role = which or ("launcher" if self.kind == "sglang" else "engine_core")
+        first = self.launcher if role in ("launcher", "api_server") else self.role(role)[0]
         assert first.handle is not None
         first.handle.signal(signal.SIGKILL)
         first.handle.wait_exit(timeout)
         # What dies with it (PR_SET_PDEATHSIG, or the API server's engine monitor) is gone once this returns.
-        dies = ("detokenizer", "data_parallel_controller") if self.kind == "sglang" else ("api_server",)
+        dies = ("detokenizer", "data_parallel_controller") if self.kind == "sglang" else ("api_server",) if role == "engine_core" else ()
         deadline = time.monotonic() + timeout
         for m in self.members:
             if m.role in dies and m.handle is not None:
@@ -225,13 +236,30 @@ def _start(kind: str, node: Node, sandbox: Sandbox | None, argv: list[str], sim:
 
 
 def _sim(
-    node: Node, sandbox: Sandbox | None, mib: int, shm: str, tmp: str, mq_kib: int, ipc_kib: int, teardown: t.Mapping[str, float] | None
+    node: Node,
+    sandbox: Sandbox | None,
+    mib: int,
+    shm: str,
+    tmp: str,
+    mq_kib: int,
+    ipc_kib: int,
+    teardown: t.Mapping[str, float] | None,
+    timing: t.Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     if teardown is not None:
         node.set_release_timing(**teardown)
     log_dir = Path(tempfile.mkdtemp(prefix="server-", dir=node.state_dir / "log"))
     log_dir.chmod(0o777)
-    return {"state": str(node.state_dir), "mib": int(mib), "shm": shm, "tmp": tmp, "log_dir": str(log_dir), "mq_kib": int(mq_kib), "ipc_kib": int(ipc_kib)}
+    return {
+        "state": str(node.state_dir),
+        "mib": int(mib),
+        "shm": shm,
+        "tmp": tmp,
+        "log_dir": str(log_dir),
+        "mq_kib": int(mq_kib),
+        "ipc_kib": int(ipc_kib),
+        "timing": dict(timing or {}),
+    }
 
 
 def start_sglang(
@@ -250,6 +278,7 @@ def start_sglang(
     mq_kib: int = 1024,
     ipc_kib: int = 64,
     teardown: t.Mapping[str, float] | None = H200_TEARDOWN,
+    timing: t.Mapping[str, float] | None = None,
 ) -> Server:
     """``python3 -m sglang.launch_server --model-path MODEL --tp-size TP [--dp-size DP] --port PORT``: tp x dp
     schedulers on GPUs 0.., each holding ``mib``; the torch.distributed store on ``nccl_port`` (default
@@ -264,7 +293,7 @@ def start_sglang(
         argv += ["--nccl-port", str(nccl_port)]
     if tokenizer_workers > 1:
         argv += ["--tokenizer-worker-num", str(tokenizer_workers)]
-    return _start("sglang", node, sandbox, argv, _sim(node, sandbox, mib, shm, tmp, mq_kib, ipc_kib, teardown))
+    return _start("sglang", node, sandbox, argv, _sim(node, sandbox, mib, shm, tmp, mq_kib, ipc_kib, teardown, timing))
 
 
 def start_vllm(
@@ -280,11 +309,12 @@ def start_vllm(
     mq_kib: int = 1024,
     ipc_kib: int = 64,
     teardown: t.Mapping[str, float] | None = H200_TEARDOWN,
+    timing: t.Mapping[str, float] | None = None,
 ) -> Server:
     """``vllm serve MODEL --tensor-parallel-size TP --port PORT``: an API server, ``VLLM::EngineCore`` and
     ``VLLM::Worker_TP<k>`` on GPUs 0..tp-1, each holding ``mib`` (gpu_memory_utilization 0.9 of an H200)."""
     argv = [sys.executable, str(_stubs() / "bin" / "vllm"), "serve", model, "--tensor-parallel-size", str(tp), "--port", str(port)]
-    return _start("vllm", node, sandbox, argv, _sim(node, sandbox, mib, shm, tmp, mq_kib, ipc_kib, teardown))
+    return _start("vllm", node, sandbox, argv, _sim(node, sandbox, mib, shm, tmp, mq_kib, ipc_kib, teardown, timing))
 
 
 __all__ = ["H200_TEARDOWN", "Member", "Server", "ServerStartError", "start_sglang", "start_vllm"]

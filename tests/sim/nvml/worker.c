@@ -29,6 +29,12 @@
  *                       "ready <pid> worker <worker pid>". With --ignore-term the
  *                       supervisor ignores SIGTERM (its workers do not)
  *   --respawn-delay-ms N  (default 100: systemd's RestartSec)
+ *   --shutdown-fd FD    a shutdown request arrives there (a line; EOF is no request:
+ *                       the sender died, which a server's rank survives): exit
+ *                       gracefully (SGLang's ShutdownReq, a vLLM worker's death pipe)
+ *   --unlink PATH       repeatable: what the process removes itself on a graceful
+ *                       exit (SIGTERM with --term-delay-ms, --exit-after-ms, a
+ *                       shutdown request): the files its own teardown unlinks
  *
  * Exit status: 0 normal end, 2 usage, 3 the driver refused (OOM, lost GPU,
  * daemon not running) or the NVML client failed.
@@ -52,6 +58,7 @@
 #include <nvml.h>
 
 #define MAX_GPUS 64
+#define MAX_UNLINK 32
 
 struct options {
     const char *state;
@@ -72,6 +79,9 @@ struct options {
     int fork_on_term;
     long supervise;
     long respawn_delay_ms;
+    int shutdown_fd;
+    const char *unlink[MAX_UNLINK];
+    int nunlink;
 };
 
 static volatile sig_atomic_t got_term;
@@ -88,7 +98,8 @@ static void usage(void)
                     "                     [--ignore-term] [--term-delay-ms N] [--stop] [--fork-child]\n"
                     "                     [--hold-only] [--nvml] [--ready-fd FD] [--exit-after-ms N]\n"
                     "                     [--kind compute|graphics|mps] [--fork-on-term]\n"
-                    "                     [--supervise N [--respawn-delay-ms N]]\n");
+                    "                     [--supervise N [--respawn-delay-ms N]]\n"
+                    "                     [--shutdown-fd FD] [--unlink PATH]...\n");
     exit(WK_EXIT_USAGE);
 }
 
@@ -117,6 +128,7 @@ static void parse(int argc, char **argv, struct options *o)
     o->kind = "compute";
     o->supervise = -1;
     o->respawn_delay_ms = 100;
+    o->shutdown_fd = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--state") == 0 && v)
@@ -160,6 +172,13 @@ static void parse(int argc, char **argv, struct options *o)
             o->supervise = num_arg(a, v), i++;
         else if (strcmp(a, "--respawn-delay-ms") == 0)
             o->respawn_delay_ms = num_arg(a, v), i++;
+        else if (strcmp(a, "--shutdown-fd") == 0)
+            o->shutdown_fd = (int)num_arg(a, v), i++;
+        else if (strcmp(a, "--unlink") == 0 && v) {
+            if (o->nunlink < MAX_UNLINK)
+                o->unlink[o->nunlink++] = strdup(argv[i + 1]);
+            i++;
+        }
         else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
             usage();
         else {
@@ -263,6 +282,16 @@ static long long now_ms(void)
 
 static void idle(const struct options *o);
 
+/* A graceful exit: remove what the process's own teardown removes, then exit (its contexts
+ * are torn down in the driver as the process exits, as ever). */
+static void graceful_exit(const struct options *o)
+{
+    for (int i = 0; i < o->nunlink; i++)
+        if (unlink(o->unlink[i]) < 0 && errno != ENOENT)
+            fprintf(stderr, "gpusim-worker: unlink %s: %s\n", o->unlink[i], strerror(errno));
+    exit(0);
+}
+
 /* A child forked during shutdown (a cache flusher, a multiprocessing helper): it inherits the
  * open device files, hence the contexts, and outlives the parent. */
 static void fork_on_term(const struct options *o)
@@ -290,11 +319,12 @@ static void fork_on_term(const struct options *o)
     exit(0);
 }
 
-/* Sleep until SIGTERM (if handled), the exit deadline or forever. */
+/* Sleep until SIGTERM (if handled), the exit deadline, a shutdown request or forever. */
 static void idle(const struct options *o)
 {
     sigset_t unblocked;
     long long deadline = o->exit_after_ms >= 0 ? now_ms() + o->exit_after_ms : -1;
+    struct pollfd pfd = {o->shutdown_fd, POLLIN, 0};
 
     sigprocmask(SIG_SETMASK, NULL, &unblocked);
     sigdelset(&unblocked, SIGTERM);
@@ -305,18 +335,27 @@ static void idle(const struct options *o)
                 fork_on_term(o);
             if (o->term_delay_ms > 0)
                 sleep_ms(o->term_delay_ms);
-            exit(0);
+            graceful_exit(o);
         }
         if (deadline >= 0) {
             long long left = deadline - now_ms();
             if (left <= 0)
-                exit(0);
+                graceful_exit(o);
             ts.tv_sec = left / 1000;
             ts.tv_nsec = (left % 1000) * 1000000L;
             tsp = &ts;
         }
         /* ppoll atomically unblocks SIGTERM while waiting: no lost wake-up. */
-        ppoll(NULL, 0, tsp, &unblocked);
+        if (ppoll(pfd.fd >= 0 ? &pfd : NULL, pfd.fd >= 0 ? 1 : 0, tsp, &unblocked) > 0 && pfd.revents) {
+            char buf[64];
+            ssize_t n = read(pfd.fd, buf, sizeof buf);
+            if (n > 0)
+                graceful_exit(o); /* the shutdown request */
+            if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+                close(pfd.fd); /* its sender is gone: no request will come */
+                pfd.fd = -1;
+            }
+        }
     }
 }
 

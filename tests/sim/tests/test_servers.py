@@ -174,6 +174,48 @@ def test_vllm_tp8_tree_and_its_crash(node, sandbox) -> None:
     srv.stop()
 
 
+def test_sglang_stops_itself_on_sigterm_to_its_launcher_as_its_source_does(node, sandbox) -> None:
+    private_shm(sandbox)
+    srv = start_sglang(node, sandbox=sandbox, tp=2, port=free_ports(2), mib=1000, timing={"sigterm_poll_s": 0.3})
+    [tracker] = srv.role("resource_tracker")
+    loads = [p for p in srv.shm if os.path.basename(p).startswith("sglang_loads_")]
+    sems = [p for p in srv.shm if os.path.basename(p).startswith("sem.mp-")]
+    # A TERM to the launcher alone: its watchdog notices it on its next poll, ShutdownReq stops the schedulers (each
+    # removes its own files), then its tree kill ends the detokenizer and the resource tracker.
+    srv.launcher.handle.signal(signal.SIGTERM)
+    assert srv.launcher.handle.wait_exit(20)
+    assert srv.alive() == [] and not tracker.alive()
+    node.wait_clean(timeout=10)
+    left = {p for p in srv.shm + srv.sockets if os.path.lexists(srv.path(p))}
+    # What SGLang's own stop leaves: the load snapshot (never unlinked), the detokenizer's socket and the tracker's
+    # semaphores (both SIGKILLed by kill_process_tree); the schedulers' queue, segments and sockets are gone.
+    assert set(loads) | set(sems) <= left and len(left - set(loads) - set(sems)) == 1, left
+    srv.stop()
+
+
+def test_vllms_api_server_killed_leaves_its_engine_on_the_gpus(node, sandbox) -> None:
+    srv = start_vllm(node, sandbox=sandbox, tp=2, port=free_ports(1), mib=1000)
+    [core], [tracker] = srv.role("engine_core"), srv.role("resource_tracker")
+    assert srv.crash("api_server") == [core, *srv.ranks, tracker]  # vllm#55510: no parent-death detection
+    assert ppid(core.pid) == sandbox.init_pid and all(ppid(r.pid) == core.pid for r in srv.ranks)
+    assert all(node.memory(k)["used_mib"] > 0 for k in range(2))
+    srv.stop()
+
+
+def test_a_gradual_teardown_frees_its_memory_step_by_step(node, sandbox) -> None:
+    node.set_release_timing(delay_ms=2000, gap_ms=0)
+    node.set_teardown(gradual=True)
+    w = sandbox.spawn_worker(gpus=[0], mib=40000)
+    w.kill(signal.SIGKILL)
+    seen = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (not seen or seen[-1] > 0):
+        seen.append(node.memory(0)["used_mib"])
+        time.sleep(0.1)
+    drops = [b for a, b in zip(seen, seen[1:]) if b < a]
+    assert seen[-1] == 0 and len(drops) >= 4, seen  # down in steps, not all at once
+
+
 def test_a_full_dev_shm_fails_the_start_with_enospc(node) -> None:
     sb = node.sandbox()
     try:

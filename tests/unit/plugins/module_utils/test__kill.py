@@ -10,11 +10,12 @@ import os
 import sys
 import textwrap
 import time
+import typing as t
 
 import pytest
 from support.orphans import end, gone, spawn_orphan
 
-from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _procs, _signals
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _kill, _procs, _signals, _stop
 from ansible_collections.gpuops.clean_slate.plugins.module_utils._errors import CleanSlateError
 
 # A launcher that ignores SIGTERM (so do the children it forks and execs) and starts a child every 50 ms.
@@ -209,3 +210,146 @@ def test_options_are_refused_before_any_container_is_looked_up(tmp_path) -> None
 def test_a_run_that_failed_before_its_kill_lists_no_signal() -> None:
     run = _kill.ModuleRun(list)
     assert run.details("bad_arguments") == {"targets": [], "protected": []}
+
+
+# ---------------------------------------------------------------------- the stop in a server's own order
+# A server's root, shaped as SGLang's launcher stops: on SIGTERM it waits a moment (its watchdog's poll), then ends
+# its members itself (kill_process_tree) and exits. Its members record a SIGTERM they get (the module must not send
+# them one while their root has its grace) and exit on it.
+ROOT = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    marker, ignore = sys.argv[1], sys.argv[2] == "ignore"
+    member = "import os, signal, sys, time\\n" \\
+        "def term(*_):\\n    open(sys.argv[1] + '.term', 'w').close()\\n    os._exit(0)\\n" \\
+        "signal.signal(signal.SIGTERM, term)\\nopen(sys.argv[1] + '.up', 'w').close()\\nwhile True: time.sleep(1)\\n"
+    kids = [subprocess.Popen([sys.executable, "-c", member, f"{marker}-m{i}", "member"]) for i in range(2)]
+    flag = []
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else (lambda *_: flag.append(1)))
+    while not flag:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    for k in kids:
+        k.kill()
+    for k in kids:
+        k.wait()
+    sys.exit(0)
+    """
+)
+
+
+def start_server(tmp_path, ignore: bool = False) -> tuple[int, str]:
+    marker = str(tmp_path / f"srv-{os.getpid()}-{time.monotonic_ns()}")
+    pid = spawn_orphan([sys.executable, "-c", ROOT, marker, "ignore" if ignore else "stop"], ready=marker.encode())
+    deadline = time.monotonic() + 10
+    while len([n for n in os.listdir(tmp_path) if n.endswith(".up")]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid, marker
+
+
+def stop_kill(marker: str, **kw: t.Any) -> _kill.Kill:
+    servers = _stop.parse_servers([{"name": "demo", "roots": [r"import os, signal, subprocess, sys, time"], "grace": kw.pop("grace", 5)}], 1.0)
+    return _kill.Kill(lambda: _procs.discover(request(marker)), grace_period=1, kill_timeout=3, deadline=20, servers=servers, **kw)
+
+
+def test_a_live_root_is_stopped_first_alone_and_its_own_stop_ends_its_tree(tmp_path) -> None:
+    pid, marker = start_server(tmp_path)
+    kill = stop_kill(marker)
+    kill.run()
+    by = {e.victim.pid: e.record() for e in kill.ended}
+    assert by[pid]["step"] == "root" and by[pid]["server"] == "demo" and by[pid]["grace"] == 5.0
+    assert (by[pid]["outcome"], by[pid]["ended_by"], by[pid]["signals_sent"]) == ("terminated", "own_stop", ["TERM"])
+    members = [r for p, r in by.items() if p != pid]
+    assert len(members) == 2 and all((r["step"], r["outcome"], r["ended_by"], r["signals_sent"]) == ("tree", "stopped", "server_stop", []) for r in members)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".term")]  # no member ever got a SIGTERM
+    assert alive_with(marker) == [] and kill.rounds == 1 and not kill.remaining
+
+
+def test_a_root_that_does_not_stop_within_its_grace_is_killed_with_the_rest(tmp_path) -> None:
+    pid, marker = start_server(tmp_path, ignore=True)
+    began = time.monotonic()
+    kill = stop_kill(marker, grace=0.5)
+    kill.run()
+    by = {e.victim.pid: e.record() for e in kill.ended}
+    assert (by[pid]["outcome"], by[pid]["ended_by"], by[pid]["signals_sent"]) == ("killed", "KILL", ["TERM", "KILL"])
+    members = [r for p, r in by.items() if p != pid]
+    assert all((r["outcome"], r["ended_by"], r["signals_sent"]) == ("terminated", "TERM", ["TERM"]) for r in members), members
+    assert time.monotonic() - began >= 0.5 and alive_with(marker) == []
+
+
+def test_without_a_live_root_the_rest_is_ended_at_once(tmp_path) -> None:
+    pid, marker = start_server(tmp_path)
+    end(pid)  # the crash: the root SIGKILLed, its members reparented and left
+    kill = stop_kill(marker)
+    began = time.monotonic()
+    kill.run()
+    records = [e.record() for e in kill.ended]
+    assert len(records) == 2 and all((r["step"], r["ended_by"]) == ("tree", "TERM") for r in records), records
+    assert time.monotonic() - began < 3  # no root's grace to wait out
+    assert len([p for p in os.listdir(tmp_path) if p.endswith(".term")]) == 2
+
+
+# A client of a resource tracker, shaped as a GPU worker whose teardown outlasts the grace period: it ignores SIGTERM,
+# registers a semaphore with multiprocessing's resource tracker (spawn context) and waits.
+CLIENT = textwrap.dedent(
+    """
+    import multiprocessing, signal, sys, time
+    from multiprocessing import resource_tracker as rt
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    lock = multiprocessing.get_context("spawn").Lock()
+    rt.ensure_running()
+    open(sys.argv[1] + "." + lock._semlock.name.lstrip("/"), "w").close()
+    while True:
+        time.sleep(1)
+    """
+)
+
+
+def test_a_resource_tracker_is_spared_while_its_client_lives_and_unlinks_its_semaphore_itself(tmp_path) -> None:
+    marker = str(tmp_path / f"client-{os.getpid()}")
+    client = spawn_orphan([sys.executable, "-c", CLIENT, marker], ready=marker.encode())
+    deadline = time.monotonic() + 10
+    while not [n for n in os.listdir(tmp_path) if n.startswith("client-") and "mp-" in n] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [sem] = [n.split(".", 1)[1] for n in os.listdir(tmp_path) if n.startswith("client-")]
+    assert os.path.exists(f"/dev/shm/sem.{sem}")
+    req = _procs.Request(
+        gpus=[], all_gpus=True, nvml_processes={}, use_nvml=False, use_device_files=False, patterns=_procs.compile_patterns([marker]), include_children=True
+    )
+    kill = _kill.Kill(lambda: _procs.discover(req), grace_period=0.5, kill_timeout=3, deadline=10, spare_trackers=True)
+    kill.run()
+    by = {e.step: e.record() for e in kill.ended}
+    assert set(by) == {"tree", "tracker"}, by
+    assert by["tree"]["pid"] == client and by["tree"]["signals_sent"] == ["TERM", "KILL"]
+    # Never signalled: it saw its last client go, unlinked what that client registered and exited on its own.
+    assert (by["tracker"]["signals_sent"], by["tracker"]["outcome"], by["tracker"]["ended_by"]) == ([], "stopped", "own_exit"), by["tracker"]
+    assert not os.path.exists(f"/dev/shm/sem.{sem}")
+
+
+def test_a_teardown_that_moves_is_waited_for_past_the_deadline_and_one_that_stalls_is_not() -> None:
+    clock = [0.0]
+    moves = iter([True, True, True, False, False, False, False, False, False, False, False])
+    v = _signals.Victim(pid=1, identity=None)
+    v.exiting_since = 0.0
+
+    def wait_exit(victims: list[_signals.Victim], deadline: float, start: float, outcome: str, clock_fn: t.Any) -> None:
+        clock[0] = deadline  # nothing exits: time passes to the slice's end
+
+    real = _signals.wait_exit
+    _signals.wait_exit = wait_exit  # type: ignore[assignment]
+    try:
+        _signals.wait_teardown([v], deadline=2.0, start=0.0, clock=lambda: clock[0], progress=lambda _v: next(moves), cap=60.0, stall=1.0)
+    finally:
+        _signals.wait_exit = real  # type: ignore[assignment]
+    # Moves at 0.25 and 0.5 s, then none: waited until the deadline (2 s), not beyond (the last move was more than the
+    # stall window before it).
+    assert clock[0] == 2.0
+    clock[0] = 0.0
+    moves = iter([True] * 20 + [False] * 20)
+    _signals.wait_exit = wait_exit  # type: ignore[assignment]
+    try:
+        _signals.wait_teardown([v], deadline=2.0, start=0.0, clock=lambda: clock[0], progress=lambda _v: next(moves), cap=60.0, stall=1.0)
+    finally:
+        _signals.wait_exit = real  # type: ignore[assignment]
+    # It moved every 0.25 s until 4.75 s: waited past the deadline, until 1 s (the stall window) after its last move.
+    assert clock[0] == pytest.approx(5.75)

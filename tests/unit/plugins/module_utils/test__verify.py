@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import typing as t
 
 import pytest
 
@@ -319,3 +320,42 @@ def test_python_facts_name_missing_packages(monkeypatch) -> None:
     real = _verify.importlib.util.find_spec
     monkeypatch.setattr(_verify.importlib.util, "find_spec", lambda name: None if name == "pynvml" else real(name))
     assert _verify.python_facts()["missing"] == ["nvidia-ml-py"]
+
+
+def test_a_gpu_whose_memory_is_still_going_down_is_waited_for_past_the_timeout() -> None:
+    class Session:
+        def __init__(self, used: t.Callable[[float], int]) -> None:
+            self.used = used
+
+        def memory(self, gpu: Gpu) -> Memory:
+            value = self.used(now[0])
+            return Memory(143771, value, 615, 143771 - value, "v2")
+
+        def processes(self, gpu: Gpu) -> list[GpuProcess]:
+            return []
+
+        def recovery_action(self, gpu: Gpu) -> int:
+            return 0
+
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    def poll(used: t.Callable[[float], int], **kw: t.Any) -> _verify.Outcome:
+        now[0] = 0.0
+        return _verify.poll_until_clean(Session(used), [Gpu(index=0, minor=0)], CRIT, timeout=30, interval=0.5, clock=lambda: now[0], sleep=sleep, **kw)
+
+    # A GB300-like teardown: 100 GB going down for 50 s. Past the 30 s timeout it still moves: clean at 50 s.
+    falling = poll(lambda s: max(0, int(100000 * (1 - s / 50))), progress_timeout=120, progress_window=10)
+    assert falling.time_to_clean_s is not None and 49.9 < falling.time_to_clean_s < 50.6 and falling.clean_count == 1
+    # Without progress_timeout the verdict comes at the timeout, as before.
+    assert poll(lambda s: max(0, int(100000 * (1 - s / 50))), progress_timeout=0).time_to_clean_s is None
+    # A GPU stuck at the same use (no progress) is not clean at the timeout either, whatever the cap.
+    stuck = poll(lambda s: 20000, progress_timeout=120, progress_window=10)
+    assert stuck.time_to_clean_s is None and 29.9 < stuck.elapsed_s < 30.6
+    # One that stops moving at 40 s is judged a window later (the cap is never passed).
+    stalled = poll(lambda s: max(20000, int(100000 * (1 - s / 50))), progress_timeout=120, progress_window=10)
+    assert stalled.time_to_clean_s is None and 49.9 < stalled.elapsed_s < 50.6
+    capped = poll(lambda s: max(0, int(100000 * (1 - s / 500))), progress_timeout=60, progress_window=10)
+    assert capped.time_to_clean_s is None and 59.9 < capped.elapsed_s < 60.6

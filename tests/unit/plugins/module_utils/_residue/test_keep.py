@@ -216,3 +216,81 @@ def test_the_defaults_lie_under_the_default_roots_and_a_root_can_be_added() -> N
 )
 def test_the_creator_pid_is_read_as_each_source_writes_it(name: str, pid: int | None) -> None:
     assert walk.creator_pid(name) == pid
+
+
+# ---------------------------------------------------------------------- issue 38
+def test_a_file_its_server_opens_only_while_in_use_is_kept_while_the_server_runs(short_tmp: Path) -> None:
+    # A torch FileStore: opened per operation, so nothing holds it while its vLLM runs.
+    store = short_tmp / ("vllm_dist_" + "0" * 32)
+    store.write_bytes(b"\x08\0\0\0cnt_0000")
+    rule = {"server": "vllm", "paths": [f"{short_tmp}/vllm_dist_*"], "patterns": [f"^VLLM::EngineCore {short_tmp.name} "]}
+    req = module.Request(globs=[walk.parse_glob("files", f"{short_tmp}/vllm_dist_*")], remove={"files"}, keep_while=module.parse_keep_while([rule]))
+    server = subprocess.Popen(["bash", "-c", f'exec -a "VLLM::EngineCore {short_tmp.name}" sleep 60'])
+    try:
+        deadline = time.monotonic() + 10
+        while b"VLLM::" not in Path(f"/proc/{server.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = module.run(req, check_mode=False)
+        [kept] = r["kept"]
+        assert kept["why"].startswith(f"a process of vllm runs, PID {server.pid} (sleep)") and store.exists(), kept
+    finally:
+        server.kill()
+        server.wait()
+    r = module.run(req, check_mode=False)  # no vLLM process runs any more: nothing can use it
+    assert [x["path"] for x in r["removed"]] == [str(store)] and not store.exists()
+
+
+def test_what_this_runs_kill_released_goes_whatever_its_age(short_tmp: Path) -> None:
+    young = short_tmp / "sgl_shm_mq_x"  # no pid in its name (no creator rule), made a moment ago
+    young.write_bytes(b"x")
+    holder = subprocess.Popen([sys.executable, "-c", f"import time; f = open({str(young)!r}); time.sleep(60)"])
+    other = short_tmp / "nccl-young"
+    other.write_bytes(b"x")  # nobody was seen holding it: min_age keeps protecting it
+    try:
+        deadline = time.monotonic() + 10
+        while not any(os.path.realpath(f"/proc/{holder.pid}/fd/{fd}") == str(young) for fd in os.listdir(f"/proc/{holder.pid}/fd")):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        req = segments(short_tmp, min_age=600)
+        before = module.holders_before(req)
+        ident = keep_ident(holder.pid)
+        assert before == {(os.stat(young).st_dev, os.stat(young).st_ino): frozenset({ident})}
+        # Check mode: the kill only plans to end the holder, which still holds the file; the run removes it after.
+        check = module.run(req, check_mode=True, handoff=module.Handoff(before=before, ended=frozenset({ident})))
+        assert [(x["path"], x["released_by"]) for x in check["held"]] == [(str(young), [holder.pid])] and check["removed"] == []
+        assert "1 of them held only by what the kill ends (removed after it)" in check["msg"]
+        assert [x["path"] for x in check["kept"]] == [str(other)]
+    finally:
+        holder.kill()
+        holder.wait()
+    r = module.run(req, check_mode=False, handoff=module.Handoff(before=before, ended=frozenset({ident})))
+    assert [(x["path"], x["released_by"]) for x in r["removed"]] == [(str(young), [holder.pid])] and not young.exists()
+    assert [x["path"] for x in r["kept"]] == [str(other)]
+    # A holder that ended otherwise (not by this run's kill) releases nothing: min_age keeps the file.
+    young.write_bytes(b"x")
+    assert module.run(req, check_mode=False, handoff=module.Handoff(before={}, ended=frozenset({ident})))["removed"] == []
+
+
+def keep_ident(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/stat") as fh:
+        return (pid, int(fh.read().rpartition(")")[2].split()[19]))
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("keep_while", [{"server": "x", "paths": ["/etc/x"], "patterns": ["a"]}], "keep_while: '/etc/x' is outside the roots"),
+        ("keep_while", [{"server": "x", "paths": ["/tmp/x"], "patterns": []}], "keep_while: the rule for 'x' names no patterns"),
+        ("keep_while", [{"server": "x", "paths": ["/tmp/x"], "patterns": ["("]}], "keep_while: '(' is not a valid regular expression"),
+        ("server_ports", [{"port": 70000, "server": "vllm"}], "server_ports: 70000 is not a TCP port (1-65535)"),
+        ("dirs_holding", [{"dir": "/etc/tmp????????", "files": "*_1.db"}], "dirs_holding: '/etc/tmp????????' is outside the roots"),
+        ("files", ["/etc/vllm_dist_*"], "files: '/etc/vllm_dist_*' is outside the roots"),
+    ],
+)
+def test_the_profiles_options_are_refused_before_anything_is_looked_at(option: str, value: t.Any, words: str) -> None:
+    looked_up: list[int] = []
+    with pytest.raises(CleanSlateError) as err:
+        module.build_request(residue_params(**{option: value}), lambda: looked_up.append(1) or [])
+    assert err.value.reason == "bad_arguments" and err.value.details["option"] == option and looked_up == []
+    assert words in err.value.msg, err.value.msg

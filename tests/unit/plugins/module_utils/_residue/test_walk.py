@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import tempfile
 import typing as t
@@ -82,3 +83,81 @@ def test_the_defaults_find_torch_shm_managers_socket_and_directory(short_tmp: Pa
     else:
         assert d.is_dir() and [x["path"] for x in r["stale"]] == [str(d)]
     assert module.run(req, check_mode=False)["changed"] is False
+
+
+# ---------------------------------------------------------------------- issue 38: what the server profiles add
+def test_a_socket_path_never_bound_counts_as_a_socket_only_while_empty(short_tmp: Path) -> None:
+    # SGLang's PortArgs: NamedTemporaryFile(delete=False).name, then ZMQ's bind; a crash between the two leaves this.
+    with tempfile.NamedTemporaryFile(delete=False, dir=short_tmp) as named:
+        placeholder = named.name
+    with tempfile.NamedTemporaryFile(delete=False, dir=short_tmp) as named:
+        named.write(b"someone's data")  # another program's temp file with content: no socket path
+        data = named.name
+    bound = short_tmp / "tmpabcdefgh"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(bound))
+    try:
+        r = module.run(module.Request(globs=[walk.parse_glob("sockets", f"{short_tmp}/tmp????????")], remove={"sockets"}), check_mode=True)
+    finally:
+        s.close()
+    assert {x["path"] for x in r["removed"]} == {placeholder} and {x["path"] for x in r["held"]} == {str(bound)}
+    assert data not in {x["path"] for x in r["removed"] + r["held"] + r["kept"] + r["stale"]}
+
+
+def test_a_directory_is_recognised_by_what_it_holds_and_nothing_else(short_tmp: Path) -> None:
+    prometheus = Path(tempfile.mkdtemp(dir=short_tmp))
+    (prometheus / "counter_4242.db").write_bytes(b"\0" * 8)
+    (prometheus / "gauge_all_4242.db").write_bytes(b"\0" * 8)
+    other = Path(tempfile.mkdtemp(dir=short_tmp))
+    (other / "counter_1.db").write_bytes(b"x")
+    (other / "build.log").write_bytes(b"x")  # one other file: not the Prometheus directory
+    nested = Path(tempfile.mkdtemp(dir=short_tmp))
+    (nested / "counter_2.db").mkdir()  # a directory of that name: not a file
+    empty = Path(tempfile.mkdtemp(dir=short_tmp))
+    glob = walk.parse_holding("dirs_holding", {"dir": f"{short_tmp}/tmp????????", "files": "*_[0-9]*.db"})
+    notes: list[str] = []
+    roots = walk.open_roots([])
+    items, walkers = walk.collect([glob], roots, notes)
+    try:
+        assert [i.path for i in items] == [str(prometheus)] and notes == []
+        assert items[0].kind == "dirs" and set(items[0].tree_names) == {prometheus.name, "counter_4242.db", "gauge_all_4242.db"}
+    finally:
+        for w in walkers:
+            w.close()
+        os.close(roots[0].fd)
+    assert empty.is_dir() and nested.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"dir": "/tmp/*", "files": "*.db"}, "dirs: '/tmp/*' must end with a name that has literal characters"),
+        ({"dir": "/tmp/tmp????????", "files": "a/*.db"}, "dirs_holding: files 'a/*.db' (for /tmp/tmp????????) must be a file name glob"),
+        ({"dir": "/tmp/tmp????????", "files": "*"}, "must be a file name glob with literal characters"),
+    ],
+)
+def test_a_bad_dirs_holding_entry_is_refused(entry: dict[str, str], words: str) -> None:
+    with pytest.raises(CleanSlateError) as err:
+        walk.parse_holding("dirs_holding", entry)
+    assert err.value.reason == "bad_arguments" and words in err.value.msg, err.value.msg
+
+
+@pytest.mark.parametrize(
+    ("glob", "path", "match"),
+    [
+        ("/tmp/vllm_dist_*", "/tmp/vllm_dist_0123", True),
+        ("/tmp/vllm_dist_*", "/tmp/x/vllm_dist_0123", False),
+        ("/root/.cache/sglang/**/*.lock", "/root/.cache/sglang/triton/ab/k.lock", True),
+        ("/root/.cache/sglang/**/*.lock", "/root/.cache/sglang/k.lock", True),
+        ("/home/*/.cache/vllm/*.json", "/home/a/.cache/vllm/p.json", True),
+        ("/tmp/sglang_weight_cache_*.ready", "/tmp/sglang_weight_cache_GPU-1.sock", False),
+    ],
+)
+def test_a_path_is_matched_component_by_component_as_the_walker_matches(glob: str, path: str, match: bool) -> None:
+    assert walk.path_matches(walk.parse_glob("files", glob), path) is match
+
+
+def test_loky_and_prometheus_names_carry_their_creators_pid() -> None:
+    assert walk.creator_pid("sem.loky-4242-abcd1234") == 4242
+    assert walk.creator_pid("counter_77.db") == 77 and walk.creator_pid("gauge_livesum_9.db") == 9 and walk.creator_pid("histogram_5.db") == 5
+    assert walk.creator_pid("sem.mp-abcd") is None and walk.creator_pid("counter_x.db") is None
