@@ -808,7 +808,8 @@ def probe_all(
 
 # ---------------------------------------------------------------------- the room the next start needs, vLLM's cached answer
 #: Where vLLM keeps its P2P answer: ``$VLLM_CACHE_ROOT``, by default ``~/.cache/vllm`` (vllm/envs.py), as
-#: ``gpu_p2p_access_cache_for_<CUDA_VISIBLE_DEVICES>.json`` (vllm/distributed/device_communicators/custom_all_reduce_utils.py):
+#: ``gpu_p2p_access_cache_for_<CUDA_VISIBLE_DEVICES>.json`` (vllm/distributed/device_communicators/all_reduce_utils.py,
+#: custom_all_reduce_utils.py in older releases):
 #: root's and each user's under /home, unless told otherwise (``peers_cache_dirs``: a server's own VLLM_CACHE_ROOT).
 P2P_CACHE_DIRS = ("/root/.cache/vllm", "/home/*/.cache/vllm")
 P2P_CACHE_NAME = re.compile(r"^gpu_p2p_access_cache_for_(.+)\.json$")
