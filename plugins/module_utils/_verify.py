@@ -420,6 +420,10 @@ def poll_until_clean(
             time_to_clean = now - start
             break
         limit = max(deadline, min(cap, moved + progress_window)) if moved is not None else deadline
+        if limit > deadline and isinstance(session, _probe.Prober) and session.end is not None:
+            # A teardown that progresses earns its NVML work the time too; a hung driver is still capped at the
+            # timeout (the prober's end stays there while nothing moves).
+            session.end = max(session.end, time.monotonic() + (limit - now) + NVML_GRACE_S)
         if all(clean or terminal in TERMINAL for clean, terminal in judged) or now >= limit:
             break
         sleep(max(0.0, min(interval, limit - now)))
@@ -1061,7 +1065,7 @@ def run(module: t.Any, in_container: InContainer | None = None, early: _cuda_pro
         module.warn(f"The GPU device files cannot be used ({files_problem}): holders of a GPU that is not clean can be named only if NVML lists them.")
     # Every NVML call runs in a helper process under a deadline (_probe): a hung driver costs at most
     # probe_timeout per call, and all of it ends NVML_GRACE_S after the later of timeout and probe_timeout.
-    end = time.monotonic() + max(p["timeout"], p.get("progress_timeout") or 0.0, p["probe_timeout"]) + NVML_GRACE_S
+    end = time.monotonic() + max(p["timeout"], p["probe_timeout"]) + NVML_GRACE_S
     # Where the seconds go (tools/bench/cost.py): each step's, from the one before.
     timings: dict[str, float] = {}
     mark = [time.monotonic()]

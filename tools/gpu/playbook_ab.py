@@ -73,6 +73,13 @@ def main() -> int:
         contenders["playbook after (this checkout)"] = (tmp / "after", ROOT / "playbooks" / "clean_slate.yml")
         # The same without the CUDA start on each GPU: the role's shape alone, against a baseline that had no probe.
         contenders["playbook after, clean_slate_cuda_probe=false"] = (tmp / "after", ROOT / "playbooks" / "clean_slate.yml", "clean_slate_cuda_probe=false")
+        # Round 4's readiness checks off (the peer check, the link readings): what they cost on top (issue 39).
+        contenders["playbook after, clean_slate_peers=false clean_slate_links=false"] = (
+            tmp / "after",
+            ROOT / "playbooks" / "clean_slate.yml",
+            "clean_slate_peers=false",
+            "clean_slate_links=false",
+        )
         walls: dict[str, list[float]] = {name: [] for name in contenders}
         for _unused in range(a.repeat):
             for name, (collections, playbook, *extra) in contenders.items():

@@ -540,7 +540,7 @@ def startup_costs() -> dict[str, float]:
     return out
 
 
-PHASES = ("health", "failures", "residue", "crash", "speed")
+PHASES = ("health", "failures", "residue", "crash", "stop", "speed")
 # A container named on a host without pct/lxc-info is refused as bad input naming the option
 # (bad_arguments); on a Proxmox node without that container it is no_such_container.
 CONTAINER_MISS = ("bad_arguments", "pct_failed", "no_such_container")
@@ -664,6 +664,12 @@ def run(backend: t.Any, out_dir: Path | None, repeat: int, phases: t.Sequence[st
             import crash_restart
 
             data["crash"] = crash_restart.run(h)
+            save()
+        if "stop" in phases:
+            print("\n== stop: a torch server stopped in its own order, all at once, crashed; its next start after each", flush=True)
+            import stop_order
+
+            data["stop"] = stop_order.run(h)
             save()
         if "speed" in phases:
             print("phase: speed rows", flush=True)

@@ -404,7 +404,7 @@ def _kept(path):
 def init(args):
     for path in args.tmpfs:
         keep = [(top, os.open(top, os.O_PATH | os.O_DIRECTORY)) for top in _kept(path)]
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=256m", "tmpfs", path], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=4g", "tmpfs", path], check=True)
         for top, fd in keep:
             # Bound back through a descriptor opened before the mount; --no-canonicalize keeps mount(8) from
             # resolving the /proc link's text in the new view (which would bind the tmpfs onto itself).

@@ -114,8 +114,9 @@ def start(mode: str, *args: Any, prefix: Sequence[str] = (), ns_inode: int | Non
     return ResidueProc(popen, pid, ns_pid, json.loads(payload))
 
 
-def private_shm(sandbox: Any, size: str = "256m") -> None:
-    """Mount a tmpfs of the sandbox's own on its /dev/shm (its mount namespace is private)."""
+def private_shm(sandbox: Any, size: str = "4g") -> None:
+    """Mount a tmpfs of the sandbox's own on its /dev/shm (its mount namespace is private), as large as a GPU node's
+    (a size is a limit, not memory taken): the next start's room there is a finding below 1 GiB (shm_min_mib)."""
     subprocess.run([*sandbox.nsenter_prefix(), "mount", "-t", "tmpfs", "-o", f"mode=1777,size={size}", "tmpfs", "/dev/shm"], check=True)
 
 
