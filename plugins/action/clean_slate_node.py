@@ -35,7 +35,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
 
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _phases
-from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _record
+from ansible_collections.gpuops.clean_slate.plugins.plugin_utils import _payload, _record
 
 try:
     # ansible-core 2.21 and later: an action may set host variables at set_fact's precedence (ActionBase.register_host_variables).
@@ -91,7 +91,11 @@ class ActionModule(ActionBase):
         if not args["phases"] and not args.get("stop") and not args.get("metrics"):
             result.update(skipped=True, changed=False, in_run=True, phases=[], msg="no phase of the clean slate is selected by --tags/--skip-tags")
             return result
+        # The payload built by an earlier run, when every source it was built from is unchanged (plugin_utils/_payload):
+        # Ansible then finds it in its own cache instead of building it again; kept after a run that built it.
+        _payload.restore()
         result.update(self._execute_module(module_name="gpuops.clean_slate.clean_slate_node", module_args=args, task_vars=self._with_python(task_vars, python)))
+        _payload.keep()
         # Kept whatever the task's failed_when says (the role registers the run with failed_when: false and fails the
         # host once, after its record): the module failed, by its own reason or by Ansible's (no Python, MODULE FAILURE).
         result.update(in_run=True, module_failed=bool(result.get("failed")))
