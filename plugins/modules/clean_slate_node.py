@@ -303,6 +303,12 @@ timings:
   sample: {"before_run": 0.21, "preflight": 0.09, "kill": 0.05, "residue": 0.12, "verify": 0.72}
 """
 
+# First: in the payload on the target, the collection's files below are then loaded from a bytecode cache instead of
+# compiled again at every run (module_utils/_pyc.py says how, and what it trusts).
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _pyc
+
+_pyc.install()
+
 from ansible_collections.gpuops.clean_slate.plugins.module_utils import _module, _node
 
 
