@@ -79,7 +79,7 @@ class Scene:
     def __init__(self, node: Node, tp: int) -> None:
         self.node = node
         self.sandbox = node.sandbox()
-        private_shm(self.sandbox, size="512m")
+        private_shm(self.sandbox)  # a GPU node's size: the role checks the next start's room there
         self.tmp = "/tmp"  # the sandbox's own
         self.work = Path(tempfile.mkdtemp(prefix="run-", dir=OUT))  # the controller's: the role's inventory
         self.server = start_sglang(node, sandbox=self.sandbox, tmp=self.tmp, tp=tp, port=0, nccl_port=0, mib=100000, tokenizer_workers=2)

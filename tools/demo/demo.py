@@ -55,7 +55,7 @@ class Scene:
         self.node = Node(gpus=8)
         self.node.start()
         self.sandbox = self.node.sandbox(name="demo")
-        private_shm(self.sandbox, size="512m")
+        private_shm(self.sandbox)  # a GPU node's size: the next start's room there is checked (shm_min_mib)
         port = free(30000)
         self.server = start_sglang(
             self.node, sandbox=self.sandbox, tp=8, port=port, nccl_port=free(port + 1), mib=SGLANG_MIB, tokenizer_workers=2, mq_kib=65536, ipc_kib=4096
