@@ -8,11 +8,15 @@ What docs/benchmarks.md's per-task tables were measured with:
     ANSIBLE_CALLBACK_PLUGINS=tools/bench/callback GPUOPS_TASKTIME=tasks.txt ansible-playbook -i <inventory> playbooks/clean_slate.yml
 
 Each line of the file is "<seconds> <task name>"; the first ("start") is from the callback's load to the first
-task, the last the total since the load. Without GPUOPS_TASKTIME it does nothing.
+task, the last the total since the load. Without GPUOPS_TASKTIME it does nothing. With GPUOPS_TASKTIME_RESULTS, each
+result that carries ``timings`` (clean_slate_node's profile of its own run, and the verification's inside it) is
+appended there as one JSON line, so a run on a real GPU (tools/gpu/playbook_ab.py --profile) is accounted for part by
+part as tools/bench/cost.py does on the simulated node.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -40,6 +44,7 @@ class CallbackModule(CallbackBase):
         self._loaded = self._last = time.time()
         self._name = "start"
         self._lines: list[str] = []
+        self._results = os.environ.get("GPUOPS_TASKTIME_RESULTS")
 
     def _mark(self, name: str) -> None:
         now = time.time()
@@ -48,6 +53,14 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_task_start(self, task, is_conditional) -> None:
         self._mark(task.get_name())
+
+    def v2_runner_on_ok(self, result) -> None:
+        res = result._result
+        if self._results and isinstance(res.get("timings"), dict):
+            verify = res.get("verify") if isinstance(res.get("verify"), dict) else {}
+            row = {"elapsed_s": res.get("elapsed_s"), "timings": res["timings"], "verify": verify.get("timings") or {}}
+            with open(self._results, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
 
     def v2_playbook_on_stats(self, stats) -> None:
         self._mark("end")
