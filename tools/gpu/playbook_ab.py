@@ -94,7 +94,9 @@ def main() -> int:
                 env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1", ANSIBLE_PIPELINING="True")
                 if a.profile:
                     tasks, results = tmp / f"tasks-{i}-{n}.txt", tmp / f"results-{i}-{n}.jsonl"
-                    env.update(ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "tools" / "bench" / "callback"), GPUOPS_TASKTIME=str(tasks), GPUOPS_TASKTIME_RESULTS=str(results))
+                    env.update(
+                        ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "tools" / "bench" / "callback"), GPUOPS_TASKTIME=str(tasks), GPUOPS_TASKTIME_RESULTS=str(results)
+                    )
                 start = time.perf_counter()
                 argv = ["ansible-playbook", "-i", str(inventory), str(playbook)] + [x for e in extra for x in ("-e", e)]
                 run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
