@@ -1,0 +1,44 @@
+#!/bin/sh
+# Round 4 on one real GPU (issue 41), in two device calls of under 10 minutes each; every result lands in $OUT.
+#   tools/gpu/round4.sh speed     the playbook A/B with its profile (issue 43), the configuration faults on the real
+#                                 driver (issue 40), the readings and the peer check against nvidia-smi (issue 39)
+#   tools/gpu/round4.sh stop      a torch server's stop in order, all at once, and after a crash (issue 38)
+# ansible-core comes from the wheels carried in .whl/; the A/B's baseline from .ab-base/<commit> when carried
+# (git archive of the commit; docs/validation.md, "Round 4"). Each step has its own time limit, so one that hangs
+# leaves the others' results. NVLink multicast stays off; nothing here resets a GPU or changes its settings.
+set -u
+cd "$(dirname "$0")/../.."
+out=${OUT:?OUT names the folder for the results}
+if ! python3 -c 'import ansible' 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpuops-site .whl/*.whl || exit 2
+    PYTHONPATH=/tmp/gpuops-site${PYTHONPATH:+:$PYTHONPATH}
+    PATH=/tmp/gpuops-site/bin:$PATH
+    export PYTHONPATH PATH
+fi
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+nvidia-smi -L | tee "$out/gpus.txt"
+gpus=$(nvidia-smi -L | grep -c '^GPU ')
+case ${1:-} in
+speed)
+    base=$(ls -d .ab-base/* 2>/dev/null | head -1)
+    echo "=== playbook A/B (baseline ${base:-none})"
+    timeout 300 python3 tools/gpu/playbook_ab.py ${base:+--baseline "$base"} --repeat "${REPEAT:-7}" --gpus "$gpus" --profile \
+        >"$out/playbook-ab.md" 2>"$out/playbook-ab.log"
+    echo "rc $?"; cat "$out/playbook-ab.md"; tail -5 "$out/playbook-ab.log"
+    echo "=== configuration faults"
+    timeout 120 python3 tools/gpu/config_faults.py --out "$out/config-faults" >"$out/config-faults.log" 2>&1
+    echo "rc $?"; tail -40 "$out/config-faults.log"
+    echo "=== readings and the peer check"
+    timeout 120 python3 tools/gpu/peers.py --repeat 3 >"$out/peers.json" 2>"$out/peers.log"
+    echo "rc $?"; tail -15 "$out/peers.log"
+    ;;
+stop)
+    echo "=== stop in order"
+    timeout 540 tools/gpu/run.sh --pidns --phases stop --repeat 1 --out "$out/validate" >"$out/stop.log" 2>&1
+    echo "rc $?"; tail -60 "$out/stop.log"
+    ;;
+*)
+    echo "usage: $0 speed|stop" >&2
+    exit 2
+    ;;
+esac
