@@ -71,11 +71,15 @@ FINDINGS: dict[str, Finding] = {
         " (clean_slate_unprotect) if it must go with the job.",
     ),
     _reasons.HELD_OUTSIDE_NAMESPACE: Finding(
-        NONE, PROCESS, "Clean where the holders live: on the Proxmox node with containers: [<vmid>], or inside the container that owns them."
+        NONE, PROCESS, "Clean where the holders live: on the Proxmox host, with containers: [<vmid>], or inside the container that owns them."
     ),
-    _reasons.ORPHANED_CONTEXT: Finding(RESET_GPU, GPU, "No process holds the memory: reset the GPU (see the reset plan), or reboot the node."),
+    _reasons.ORPHANED_CONTEXT: Finding(
+        RESET_GPU, GPU, "No process holds the memory: reset the GPU (nvidia-smi -r, as the reset plan says), or reboot the node."
+    ),
     _reasons.NEEDS_RESET: Finding(
-        RESET_GPU, GPU, "The driver asks for recovery before the GPU is used again: reset the GPU (see the reset plan), or reboot if it asks for a reboot."
+        RESET_GPU,
+        GPU,
+        "The driver asks for recovery before the GPU is used again: reset the GPU (nvidia-smi -r, as the reset plan says), or reboot if it asks for a reboot.",
     ),
     _reasons.UNSUPPORTED: Finding(
         NONE, NOTHING, "This GPU does not report its memory use (unified-memory platforms such as GB10): it cannot be verified by memory."
@@ -146,7 +150,9 @@ FINDINGS: dict[str, Finding] = {
         APP,
         "End the process that holds a context where it runs (the node, or the container that owns it), or put the compute mode back to default.",
     ),
-    _reasons.CUDA_OOM: Finding(RESET_GPU, GPU, "Memory no process explains cannot be allocated: reset the GPU (see the reset plan) or reboot."),
+    _reasons.CUDA_OOM: Finding(
+        RESET_GPU, GPU, "Memory no process explains cannot be allocated: reset the GPU (nvidia-smi -r, as the reset plan says) or reboot."
+    ),
     _reasons.ECC_UNCORRECTABLE: Finding(
         RESET_GPU, GPU, "An uncorrectable ECC error the GPU has not been reset from: reset it; if it recurs, drain the node for field diagnosis."
     ),
@@ -156,7 +162,7 @@ FINDINGS: dict[str, Finding] = {
         "The NVLink fabric is not up: start nvidia-fabricmanager (systemctl start nvidia-fabricmanager), wait for it to complete, run again.",
     ),
     _reasons.CUDA_HUNG: Finding(REBOOT, NODE, "A CUDA start hangs in the driver (often in UVM): check dmesg for Xid errors, drain the node and reboot it."),
-    _reasons.CUDA_ERROR: Finding(RESET_GPU, GPU, "Check dmesg for Xid errors; reset the GPU (see the reset plan) or reboot the node."),
+    _reasons.CUDA_ERROR: Finding(RESET_GPU, GPU, "Check dmesg for Xid errors; reset the GPU (nvidia-smi -r, as the reset plan says) or reboot the node."),
     _reasons.CUDA_RESIDUE: Finding(RESET_GPU, GPU, "The probe's own context stayed on the GPU after its helper ended: check dmesg; reset the GPU or reboot."),
     _reasons.CUDA_UNPROVEN: Finding(
         FIX_CONFIG,

@@ -93,7 +93,7 @@ def _manifest(entry: str) -> dict[str, t.Any] | None:
             elif root:
                 here = os.path.join(ROOTS[root], info.filename[len(root) :])
             stamp = _stamp(here) if here else None
-            if stamp is None:
+            if here is None or stamp is None:
                 if info.file_size == 0 and info.filename.endswith("__init__.py"):
                     continue  # a package Ansible made up for the payload
                 return None

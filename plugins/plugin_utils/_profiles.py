@@ -331,9 +331,8 @@ def resolve(names: t.Any, role_path: str, definitions: t.Any = None, ports: t.An
     for raw in names:
         name = str(raw)
         profile = profiles.get(name)
-        if not _valid(name, profile, root_list):
+        if not _valid(name, profile, root_list) or not isinstance(profile, dict):
             continue
-        assert isinstance(profile, dict)
         procs = profile.get("processes") or {}
         roots_rx, members = list(procs.get("roots") or []), list(procs.get("members") or [])
         add("patterns", roots_rx + members)

@@ -79,8 +79,13 @@ def test_a_trackers_clients_are_the_processes_holding_its_pipe_and_it_unlinks_on
         assert client.stdout is not None
         tracker_text, name = client.stdout.readline().split()
         tracker = int(tracker_text)
-        with open(f"/proc/{tracker}/cmdline", "rb") as fh:
-            cmdline = fh.read().replace(b"\0", b" ").decode()
+        # The client's spawn returns once the tracker's exec is past its point of no return, which is before the kernel
+        # has set the new command line up: read under load, /proc/<pid>/cmdline can still be empty for a moment.
+        cmdline, deadline = "", time.monotonic() + 5
+        while not cmdline.strip() and time.monotonic() < deadline:
+            with open(f"/proc/{tracker}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode()
+            time.sleep(0 if cmdline.strip() else 0.01)
         fd = _stop.tracker_fd(cmdline)
         assert fd is not None, cmdline
         pipe = _stop.pipe_of(tracker, fd)
