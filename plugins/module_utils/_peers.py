@@ -85,11 +85,17 @@ class Check:
             if answer.error is None:
                 self.links[g.index] = answer.value
 
-    def request(self, targets: t.Sequence[_cuda.Target], modes: t.Mapping[int, dict[str, t.Any]], uuids: t.Mapping[int, str]) -> dict[str, t.Any] | None:
+    def request(
+        self, targets: t.Sequence[_cuda.Target], modes: t.Mapping[int, dict[str, t.Any]], uuids: t.Mapping[int, str], not_clean: t.Sequence[int] = ()
+    ) -> dict[str, t.Any] | None:
         """What the peer helper is asked (:func:`._cuda_program.probe_all`'s ``peers``), None for no peer check.
 
         The GPUs of the check are those whose full start is made (NVML reads them clean) in the default compute mode: in
-        exclusive_process mode the start's own context leaves no room for the peer helper's."""
+        exclusive_process mode the start's own context leaves no room for the peer helper's. ``not_clean``: the selected
+        GPUs NVML reads not clean (busy, unreadable, hung); with any, there is no peer check: the server that starts next
+        needs every one of its GPUs, so the run is red already, and the check of what is left would only lengthen a red
+        run (a hung GPU's run is bounded by its timeout: tests/functional/test_driver_hang.py); the next run checks them
+        together once every GPU reads clean."""
         p = self.params
         if not p.get("peers", True):
             self.why_not = "the peer check is off (peers: false)"
@@ -99,6 +105,9 @@ class Check:
             return None
         if not p.get("cuda_probe", True):
             self.why_not = "the peer check is part of the CUDA start, which is off (cuda_probe: false)"
+            return None
+        if not_clean:
+            self.why_not = f"GPU(s) {', '.join(map(str, sorted(not_clean)))} not clean: the GPUs are checked together once every one of them reads clean"
             return None
         chosen = [x for x in targets if not x.context_only and (modes.get(x.gpu, {}).get("compute_mode") in (None, "default"))]
         self.peer_gpus = [[x.gpu, uuids.get(x.gpu) or x.uuid] for x in chosen]

@@ -826,6 +826,12 @@ def probe_targets(outcome: Outcome, selected: list[Gpu], modes: dict[int, dict[s
     return targets
 
 
+def not_clean(run: StartRun) -> list[int]:
+    """The selected GPUs NVML reads not clean (the peer check waits for every one to read clean)."""
+    selected = {g.index for g in run.selected}
+    return [r["index"] for r in run.outcome.gpus if r["index"] in selected and not r["clean"]]
+
+
 @dataclass
 class StartRun:
     """What the CUDA starts of one verification are judged against: the NVML prober, the run's outcome (its GPU reports),
@@ -855,7 +861,7 @@ def startability(run: StartRun, look: t.Callable[[], dict[str, t.Any]]) -> tuple
     params = run.params
     targets = probe_targets(run.outcome, run.selected, run.modes, run.check_mode)
     together = run.together
-    peers = together.request(targets, run.modes, {g.index: str(g.uuid) for g in run.selected}) if together else None
+    peers = together.request(targets, run.modes, {g.index: str(g.uuid) for g in run.selected}, not_clean(run)) if together else None
     on_step = together.on_step(run.prober, {g.index: g for g in run.selected}) if together else None
     raw: dict[int, dict[str, t.Any]] = {}
     left_behind: list[int] = []
@@ -896,7 +902,7 @@ def startability_inside(
     together = run.together
     if together:
         # The container's own GPUs are the selected ones: a cached answer's CUDA ordinals count those.
-        request["peers"] = together.request(targets, run.modes, {g.index: str(g.uuid) for g in selected})
+        request["peers"] = together.request(targets, run.modes, {g.index: str(g.uuid) for g in selected}, not_clean(run))
         request.update(together.next_start_request(selected))
     answer = in_container(vmid, request, params["cuda_probe_timeout"])
     if answer.get("left"):

@@ -63,6 +63,9 @@ def test_which_gpus_the_peer_check_covers_and_when_there_is_none() -> None:
         assert c.request(targets, modes, {}) is None and why in str(c.why_not)
     c = _peers.Check(PARAMS, False)
     assert c.request(targets[:1], modes, {}) is None and "no pair to check" in str(c.why_not)
+    # A GPU NVML reads not clean (busy, hung): the run is red already; the pairs wait for a run where every GPU is clean.
+    c = _peers.Check(PARAMS, False)
+    assert c.request(targets, modes, {}, not_clean=[5, 4]) is None and c.why_not is not None and c.why_not.startswith("GPU(s) 4, 5 not clean")
 
 
 def test_a_healthy_matrix_is_ready_and_each_pair_ok() -> None:
