@@ -200,8 +200,8 @@ options:
         of a known pattern copied each way eight times back to back (C(cuMemcpyPeer), timed with events), read back and compared. One
         helper process holds a context on each of them (made in parallel threads) beside the starts' helpers, under
         O(cuda_probe_timeout); its copies wait until every start has passed its memset. A pair whose copy hangs is
-        named by its two GPUs when the helper is killed at the deadline. Made only when every selected GPU reads clean:
-        with one busy or hung the run is red already, and the check waits for the run after its fix.
+        named by its two GPUs when the helper is killed at the deadline. Made only when every selected GPU reads
+        clean (with one busy or hung the run is red already, and the check waits for the run after its fix).
       - Findings (RV(together)) - V(p2p_unsupported) (the driver offers no peer access; a warning unless
         O(peers_required)), V(p2p_broken) (a copy arrived changed, failed or hung, or enabling failed where the driver
         offers it; fails the module), V(p2p_slow) (below O(peers_min_bandwidth) of the pair's link), V(peers_unproven)
