@@ -3,6 +3,7 @@
 #   tools/gpu/round4.sh speed     the playbook A/B with its profile (issue 43), the configuration faults on the real
 #                                 driver (issue 40), the readings and the peer check against nvidia-smi (issue 39)
 #   tools/gpu/round4.sh stop      a torch server's stop in order, all at once, and after a crash (issue 38)
+#   tools/gpu/round4.sh all       all of it in one call of under 10 minutes, with shorter limits (REPEAT=5 for the A/B)
 # ansible-core comes from the wheels carried in .whl/; the A/B's baseline from .ab-base/<commit> when carried
 # (git archive of the commit; docs/validation.md, "Round 4"). Each step has its own time limit, so one that hangs
 # leaves the others' results. NVLink multicast stays off; nothing here resets a GPU or changes its settings.
@@ -18,27 +19,34 @@ fi
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$out/gpus.txt"
 gpus=$(nvidia-smi -L | grep -c '^GPU ')
-case ${1:-} in
-speed)
+faults() {
+    echo "=== configuration faults"
+    timeout "$1" python3 tools/gpu/config_faults.py --out "$out/config-faults" >"$out/config-faults.log" 2>&1
+    echo "rc $?"; tail -40 "$out/config-faults.log"
+}
+ab() {
     base=$(ls -d .ab-base/* 2>/dev/null | head -1)
     echo "=== playbook A/B (baseline ${base:-none})"
-    timeout 300 python3 tools/gpu/playbook_ab.py ${base:+--baseline "$base"} --repeat "${REPEAT:-7}" --gpus "$gpus" --profile \
+    timeout "$1" python3 tools/gpu/playbook_ab.py ${base:+--baseline "$base"} --repeat "${REPEAT:-7}" --gpus "$gpus" --profile \
         >"$out/playbook-ab.md" 2>"$out/playbook-ab.log"
     echo "rc $?"; cat "$out/playbook-ab.md"; tail -5 "$out/playbook-ab.log"
-    echo "=== configuration faults"
-    timeout 120 python3 tools/gpu/config_faults.py --out "$out/config-faults" >"$out/config-faults.log" 2>&1
-    echo "rc $?"; tail -40 "$out/config-faults.log"
+}
+peers() {
     echo "=== readings and the peer check"
-    timeout 120 python3 tools/gpu/peers.py --repeat 3 >"$out/peers.json" 2>"$out/peers.log"
+    timeout "$1" python3 tools/gpu/peers.py --repeat 3 >"$out/peers.json" 2>"$out/peers.log"
     echo "rc $?"; tail -15 "$out/peers.log"
-    ;;
-stop)
+}
+stop() {
     echo "=== stop in order"
-    timeout 540 tools/gpu/run.sh --pidns --phases stop --repeat 1 --out "$out/validate" >"$out/stop.log" 2>&1
+    timeout "$1" tools/gpu/run.sh --pidns --phases stop --repeat 1 --out "$out/validate" >"$out/stop.log" 2>&1
     echo "rc $?"; tail -60 "$out/stop.log"
-    ;;
+}
+case ${1:-} in
+speed) ab 300; faults 120; peers 120 ;;
+stop) stop 540 ;;
+all) REPEAT=${REPEAT:-5}; faults 80; stop 260; ab 160; peers 60 ;;
 *)
-    echo "usage: $0 speed|stop" >&2
+    echo "usage: $0 speed|stop|all" >&2
     exit 2
     ;;
 esac
