@@ -99,16 +99,17 @@ class Cache:
 class Loader:
     """The zip's own loader, but for the code: from the cache, or compiled and stored."""
 
-    def __init__(self, inner: t.Any, cache: Cache) -> None:
+    def __init__(self, inner: t.Any, cache: Cache, source: str | None = None) -> None:
         self.inner = inner
         self.cache = cache
+        self.source = source  # read once by the finder, which needs it to know the module is there
 
     def create_module(self, spec: t.Any) -> None:
         return None
 
     def exec_module(self, module: t.Any) -> None:
         name = module.__name__
-        source = self.inner.get_source(name)
+        source, self.source = (self.source if self.source is not None else self.inner.get_source(name)), None
         if source is None:
             raise ImportError(f"no source for {name}", name=name)
         # The zip's own path changes with every run (a temporary file): the code is named by its place inside it, the
@@ -122,8 +123,26 @@ class Loader:
         return getattr(self.inner, attr)
 
 
+def _zip_importer(entry: str) -> t.Any:
+    """The zip importer of a path entry, or None where the entry is not inside a zip."""
+    found = sys.path_importer_cache.get(entry)
+    if isinstance(found, zipimport.zipimporter):
+        return found
+    if found is not None:
+        return None
+    try:
+        return zipimport.zipimporter(entry)  # the archive's directory is read once per process (zipimport caches it)
+    except (zipimport.ZipImportError, OSError, TypeError, ValueError):
+        return None
+
+
 class Finder:
-    """In front of Python's finders: this collection's names, when the zip of a payload is where they come from."""
+    """In front of Python's finders: this collection's names, when the zip of a payload is where they come from.
+
+    It makes the module's spec itself rather than through the zip importer's ``find_spec``: that one asks the importer
+    for the module's file name, which the importer finds out by compiling the module (``zipimporter.get_filename``),
+    and then compiles it again to run it; a payload's every file was compiled twice at each run. Here the zip's own
+    table says whether the name is a module or a package, the source is read once, and the code comes from the cache."""
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
@@ -131,11 +150,27 @@ class Finder:
     def find_spec(self, name: str, path: t.Any = None, target: t.Any = None) -> t.Any:
         if not name.startswith(PREFIX):
             return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or not isinstance(spec.loader, zipimport.zipimporter):
-            return None
-        spec.loader = Loader(spec.loader, self.cache)
-        return spec
+        last = name.rpartition(".")[2]
+        for entry in path if path is not None else sys.path:
+            importer = _zip_importer(entry) if isinstance(entry, str) else None
+            if importer is None:
+                return None  # not from a payload's zip: Python's own finders decide
+            try:
+                package = importer.is_package(name)
+                source = importer.get_source(name)
+            except zipimport.ZipImportError:
+                continue  # not in this entry
+            if source is None:
+                return None  # bytecode only: the zip importer's own way
+            base = f"{importer.archive}{os.sep}{importer.prefix}{last}"
+            spec = importlib.machinery.ModuleSpec(
+                name, Loader(importer, self.cache, source), origin=base + os.sep + "__init__.py" if package else base + ".py", is_package=package
+            )
+            spec.has_location = True
+            if package:
+                spec.submodule_search_locations = [base]
+            return spec
+        return None
 
     def invalidate_caches(self) -> None:
         return None

@@ -24,6 +24,7 @@ Ansible to build the payload as it always does: the cache can make a run faster,
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -51,10 +52,22 @@ def _run_cache() -> str | None:
 
 
 def _kept() -> str | None:
+    """This collection's own directory of kept payloads: one per pair of roots (below), so that two checkouts or two
+    installed versions of the collection, run by the same user, never take each other's payload."""
     local_tmp = getattr(C, "DEFAULT_LOCAL_TMP", None)
     if not isinstance(local_tmp, str) or not local_tmp:
         return None
-    return os.path.join(os.path.dirname(local_tmp.rstrip("/")), DIRNAME)
+    key = hashlib.sha256(json.dumps(ROOTS, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(os.path.dirname(local_tmp.rstrip("/")), DIRNAME, key)
+
+
+def _trusted(path: str) -> bool:
+    """A directory of this user's that no one else can write, below one of the same (as Python trusts __pycache__)."""
+    for d in (path, os.path.dirname(path)):
+        st = os.stat(d)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return False
+    return True
 
 
 def _stamp(path: str) -> list[t.Any] | None:
@@ -98,12 +111,12 @@ def _manifest(entry: str) -> dict[str, t.Any] | None:
                     continue  # a package Ansible made up for the payload
                 return None
             sources[here] = stamp
-    return {"ansible": ANSIBLE_VERSION, "python": list(sys.version_info[:2]), "sources": sources} if sources else None
+    return {"ansible": ANSIBLE_VERSION, "python": list(sys.version_info[:2]), "roots": ROOTS, "sources": sources} if sources else None
 
 
 def _fresh(manifest: dict[str, t.Any]) -> bool:
-    if manifest.get("ansible") != ANSIBLE_VERSION or manifest.get("python") != list(sys.version_info[:2]):
-        return False
+    if manifest.get("ansible") != ANSIBLE_VERSION or manifest.get("python") != list(sys.version_info[:2]) or manifest.get("roots") != ROOTS:
+        return False  # another Ansible, Python, or the payload of another copy of the collection
     sources = manifest.get("sources")
     return isinstance(sources, dict) and bool(sources) and all(_stamp(path) == stamp for path, stamp in sources.items())
 
@@ -113,10 +126,7 @@ def restore() -> int:
     yet); how many. Never raises."""
     try:
         run_cache, kept = _run_cache(), _kept()
-        if not run_cache or not kept or not os.path.isdir(kept):
-            return 0
-        st = os.stat(kept)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        if not run_cache or not kept or not os.path.isdir(kept) or not _trusted(kept):
             return 0  # only a directory of this user's that no one else can write is trusted
         restored = 0
         for name in os.listdir(kept):
@@ -143,9 +153,9 @@ def keep() -> int:
         run_cache, kept = _run_cache(), _kept()
         if not run_cache or not kept or not os.path.isdir(run_cache):
             return 0
+        os.makedirs(os.path.dirname(kept), mode=0o700, exist_ok=True)  # makedirs gives its mode to the last one only
         os.makedirs(kept, mode=0o700, exist_ok=True)
-        st = os.stat(kept)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        if not _trusted(kept):
             return 0
         saved = 0
         for name in os.listdir(run_cache):

@@ -5,6 +5,7 @@ zip loader's own answers (get_source: the CUDA start's program sends its own tex
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import sys
@@ -66,6 +67,23 @@ def test_compiled_once_then_loaded_and_a_changed_source_is_a_new_entry(tmp_path,
     changed = _pyc.Cache(str(store), write=True)
     assert imports(payload(tmp_path, "three", "VALUE = 7\n"), changed).VALUE == 7
     assert (changed.compiled, changed.loaded) == (1, 1) and len(os.listdir(store)) == 3
+
+
+def test_a_module_found_in_the_cache_is_never_compiled_not_even_to_find_it(tmp_path, imports, monkeypatch) -> None:
+    """The zip importer's own find_spec compiles a module to learn its file name, then again to run it; the finder
+    makes the spec from the zip's table instead, so a warm import compiles nothing, and the module is where it was."""
+    store = tmp_path / "cache"
+    store.mkdir(mode=0o700)
+    imports(payload(tmp_path, "one", "VALUE = 1\n"), _pyc.Cache(str(store), write=True))
+    compiled: list[str] = []
+    real = builtins.compile
+    monkeypatch.setattr(builtins, "compile", lambda source, filename, *a, **k: compiled.append(str(filename)) or real(source, filename, *a, **k))
+    warm = _pyc.Cache(str(store), write=True)
+    zip_path = payload(tmp_path, "two", "VALUE = 1\n")
+    mod = imports(zip_path, warm)
+    assert mod.VALUE == 1 and (warm.compiled, warm.loaded) == (0, 2) and compiled == []
+    assert mod.__file__ == f"{zip_path}{os.sep}pycachetest{os.sep}mod.py" and mod.__spec__.parent == "pycachetest"
+    assert sys.modules["pycachetest"].__path__ == [f"{zip_path}{os.sep}pycachetest"]
 
 
 def test_check_mode_reads_and_never_writes(tmp_path, imports, monkeypatch) -> None:

@@ -60,7 +60,8 @@ def test_kept_after_a_build_and_given_back_while_its_sources_are_unchanged(sourc
     entry(first / NAME, FILES)
     entry(first / "ansible.legacy.ping-ZIP_DEFLATED-none", FILES)  # another module's: never kept
     assert _payload.keep() == 1 and _payload.keep() == 0  # kept once
-    kept = runs / _payload.DIRNAME
+    kept = Path(str(_payload._kept()))
+    assert kept.parent == runs / _payload.DIRNAME and (os.stat(kept.parent).st_mode & 0o777) == 0o700
     assert sorted(os.listdir(kept)) == [NAME, NAME + ".json"] and (os.stat(kept).st_mode & 0o777) == 0o700
     second = run_dir(runs, 2, monkeypatch)
     assert _payload.restore() == 1 and (second / NAME).read_bytes() == (first / NAME).read_bytes()
@@ -86,3 +87,22 @@ def test_a_directory_others_can_write_is_not_trusted(sources, monkeypatch) -> No
     os.chmod(runs / _payload.DIRNAME, 0o777)
     run_dir(runs, 2, monkeypatch)
     assert _payload.restore() == 0 and _payload.keep() == 0
+
+
+def test_another_copy_of_the_collection_never_gets_this_ones_payload(sources, tmp_path, monkeypatch) -> None:
+    """Two checkouts (or two installed versions) run by the same user: each its own payload, never the other's."""
+    _root, runs = sources
+    first = run_dir(runs, 1, monkeypatch)
+    entry(first / NAME, FILES)
+    assert _payload.keep() == 1
+    other = tmp_path / "other-checkout"
+    (other / "plugins" / "module_utils").mkdir(parents=True)
+    (other / "plugins" / "module_utils" / "_one.py").write_text("ONE = 1\n")
+    monkeypatch.setitem(_payload.ROOTS, "ansible_collections/gpuops/clean_slate/", str(other))
+    second = run_dir(runs, 2, monkeypatch)
+    assert _payload.restore() == 0 and not (second / NAME).exists()  # Ansible builds the other copy's own
+    entry(second / NAME, FILES)
+    assert _payload.keep() == 1 and len(os.listdir(runs / _payload.DIRNAME)) == 2  # kept beside the first's
+    # Even a manifest moved into this copy's directory is refused: it names the roots it was built from.
+    (Path(str(_payload._kept())) / (NAME + ".json")).write_text((Path(str(_payload._kept())) / (NAME + ".json")).read_text().replace(str(other), str(_root)))
+    assert _payload.restore() == 0
