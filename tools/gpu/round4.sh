@@ -4,6 +4,7 @@
 #                                 driver (issue 40), the readings and the peer check against nvidia-smi (issue 39)
 #   tools/gpu/round4.sh stop      a torch server's stop in order, all at once, and after a crash (issue 38)
 #   tools/gpu/round4.sh all       all of it in one call of under 10 minutes, with shorter limits (REPEAT=5 for the A/B)
+#   tools/gpu/round4.sh short     the same in under 8 minutes (REPEAT=3), for a session with little device time left
 # ansible-core comes from the wheels carried in .whl/; the A/B's baseline from .ab-base/<commit> when carried
 # (git archive of the commit; docs/validation.md, "Round 4"). Each step has its own time limit, so one that hangs
 # leaves the others' results. NVLink multicast stays off; nothing here resets a GPU or changes its settings.
@@ -45,8 +46,9 @@ case ${1:-} in
 speed) ab 300; faults 120; peers 120 ;;
 stop) stop 540 ;;
 all) REPEAT=${REPEAT:-5}; faults 80; stop 260; ab 160; peers 60 ;;
+short) REPEAT=${REPEAT:-3}; faults 60; stop 220; ab 120; peers 45 ;;
 *)
-    echo "usage: $0 speed|stop|all" >&2
+    echo "usage: $0 speed|stop|all|short" >&2
     exit 2
     ;;
 esac
