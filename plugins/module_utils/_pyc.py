@@ -164,7 +164,7 @@ class Finder:
                 return None  # bytecode only: the zip importer's own way
             base = f"{importer.archive}{os.sep}{importer.prefix}{last}"
             spec = importlib.machinery.ModuleSpec(
-                name, Loader(importer, self.cache, source), origin=base + os.sep + "__init__.py" if package else base + ".py", is_package=package
+                name, t.cast(t.Any, Loader(importer, self.cache, source)), origin=base + os.sep + "__init__.py" if package else base + ".py", is_package=package
             )
             spec.has_location = True
             if package:
