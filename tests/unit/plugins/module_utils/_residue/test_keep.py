@@ -228,7 +228,9 @@ def test_a_file_its_server_opens_only_while_in_use_is_kept_while_the_server_runs
     server = subprocess.Popen(["bash", "-c", f'exec -a "VLLM::EngineCore {short_tmp.name}" sleep 60'])
     try:
         deadline = time.monotonic() + 10
-        while b"VLLM::" not in Path(f"/proc/{server.pid}/cmdline").read_bytes():
+        # Until bash has exec'd, its own cmdline holds the title inside its -c argument: wait for
+        # the title to be argv[0], which is what the pattern reads.
+        while not Path(f"/proc/{server.pid}/cmdline").read_bytes().startswith(b"VLLM::"):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         r = module.run(req, check_mode=False)
