@@ -702,6 +702,10 @@ def verdict(
         reason = _reasons.NOT_CLEAN
     if problems:
         return reason, problems
+    if not selected:
+        # Not "0/0 GPUs clean": read at a glance, that is a green line for a node whose GPUs NVML does not see (on an
+        # H100 a GPU's device file masked by another device's made NVML list none, the health finding saying why).
+        return None, [f"no GPU to verify: NVML lists none ({seconds:.2f} s)"]
     return None, [f"{outcome.clean_count}/{selected} GPUs clean in {seconds:.2f} s"]
 
 

@@ -228,6 +228,8 @@ def test_the_verdict_counts_clean_gpus_and_healthy_ones() -> None:
     assert _verify.verdict(outcome(True, True, True, True), every, 4, 4) == (None, ["4/4 GPUs clean in 0.25 s"])
     # The seconds are what the verdict waited for, when given (the CUDA start included).
     assert _verify.verdict(outcome(True, True, True, True), every, 4, 4, elapsed=0.91) == (None, ["4/4 GPUs clean in 0.91 s"])
+    # No GPU at all is not read as a clean count.
+    assert _verify.verdict(outcome(), [], 0, None) == (None, ["no GPU to verify: NVML lists none (0.25 s)"])
     reason, lines = _verify.verdict(outcome(True, False), every, 2, None)
     assert reason == "not_clean" and lines[0] == "1 of 2 GPU(s) not clean after 0.2 s." and lines[1].startswith("GPU 1 (GPU-1): busy: held by PID(s) 42")
 
