@@ -797,6 +797,10 @@ _NOT_READ = "not probed: NVML could not read it"
 _MIG = "not probed: MIG mode is on, and CUDA runs on its instances, which this probe does not start"
 _IN_USE = "not probed: NVML reads it in use, and the probe never takes memory on a GPU in use (only a context on one in exclusive_process or prohibited mode)"
 _CHECK_MODE = "not probed in check mode: a CUDA start takes a context and memory on the GPU for a moment"
+_HUNG = (
+    "not probed: an NVML call on GPU {gpus} did not return (driver_hung), and a CUDA start on a node whose driver hangs can"
+    " stick in the driver where no kill reaches it (state D); the node needs the reboot that finding names first"
+)
 
 
 def gpu_modes(prober: _probe.Prober, gpus: list[Gpu]) -> dict[int, dict[str, t.Any]]:
@@ -809,12 +813,17 @@ def probe_targets(outcome: Outcome, selected: list[Gpu], modes: dict[int, dict[s
     """The GPUs to start CUDA on: every selected GPU NVML reads clean, and a context only on a busy one in
     exclusive_process or prohibited mode; each of the others gets ``startable`` saying why it is not probed."""
     reports = {r["index"]: r for r in outcome.gpus}
+    # One GPU hung in the driver: no CUDA start anywhere on the node. Its helpers would share that driver, and a helper
+    # stuck in it outlives its deadline's SIGKILL, left behind; the verdict is red (reboot) whatever the others say.
+    hung = sorted(r["index"] for r in outcome.gpus if r["diagnosis"] == _reasons.DRIVER_HUNG)
     targets: list[_cuda.Target] = []
     for gpu in selected:
         report, mode = reports[gpu.index], modes.get(gpu.index, {})
         why = None
         if check_mode:
             why = _CHECK_MODE
+        elif hung:
+            why = _HUNG.format(gpus=", ".join(map(str, hung)))
         elif gpu.error is not None or report["diagnosis"] in TERMINAL or report["diagnosis"] == _reasons.UNRESPONSIVE:
             why = _NOT_READ
         elif mode.get("mig"):

@@ -37,11 +37,10 @@ def test_a_gpu_whose_call_hangs_is_driver_hung_within_the_bound_and_the_others_a
     node.set_fault(hang={"functions": ["nvmlDeviceGetMemoryInfo"], "gpus": [2]})
     r = mod("gpu_mem_verify", {"timeout": 3, "probe_timeout": 1, "interval": 0.05})
     assert (r["_status"], r["reason"]) == ("failed", "not_clean"), r
-    # The bound: the module's timeout plus one second, although GPU 2's call never returned. The CUDA start that
-    # proves the six clean GPUs startable after the poll has a bound of its own (cuda_probe_timeout) and is timed
-    # apart: on a loaded 2-core CI machine it took 0.8-1 s of the sim's six starts, which is not the hang's cost.
-    cuda = r["timings"]["cuda"]
-    assert seconds(r) - cuda <= 3 + 1, (seconds(r), r["timings"])
+    # The bound: the module's timeout plus one second, although GPU 2's call never returned.
+    assert seconds(r) <= 3 + 1, seconds(r)
+    # No CUDA start on a node whose driver hangs (a helper stuck there outlives its SIGKILL), each GPU saying why.
+    assert all(g["startable"]["ok"] is None and "driver_hung" in g["startable"]["skipped"] for g in r["gpus"]), [g["startable"] for g in r["gpus"]]
     by_index = {g["index"]: g for g in r["gpus"]}
     assert by_index[2]["diagnosis"] == "driver_hung" and by_index[2]["clean"] is False
     assert "nvmlDeviceGetMemoryInfo_v2 did not return within 1.0 s" in by_index[2]["detail"] and "reboot" in by_index[2]["detail"]
