@@ -12,13 +12,17 @@ set -u
 cd "$(dirname "$0")/../.."
 out=${OUT:?OUT names the folder for the results}
 if ! python3 -c 'import ansible' 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpuops-site .whl/*.whl || exit 2
+    # Compiled at install, as pip does by default: the A/B measures Ansible, not a first compile of it at every run
+    # (the 2026-12-05 run installed with --no-compile; docs/benchmarks.md, "Cost of trust on a real GPU").
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/gpuops-site .whl/*.whl || exit 2
     PYTHONPATH=/tmp/gpuops-site${PYTHONPATH:+:$PYTHONPATH}
     PATH=/tmp/gpuops-site/bin:$PATH
     export PYTHONPATH PATH
 fi
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$out/gpus.txt"
+# Whether this machine writes bytecode, and where Ansible comes from: both move every Python figure of the A/B.
+{ python3 -VV; env | grep -E '^PYTHON' | sort; python3 -c 'import sys, ansible; print("dont_write_bytecode", sys.dont_write_bytecode, ansible.__file__)'; } > "$out/python.txt" 2>&1
 gpus=$(nvidia-smi -L | grep -c '^GPU ')
 faults() {
     echo "=== configuration faults"
