@@ -175,7 +175,7 @@ options:
       - Prove each selected GPU that NVML reads clean startable with a CUDA start a moment before the verdict (see the
         description), and take no context on a GPU in use, except a context alone on one in exclusive_process or
         prohibited mode, which tells V(cuda_busy) apart. A GPU with MIG on is not probed; nor is any GPU when an NVML
-        call hung on one of them (V(driver_hung)): a CUDA start can stick in a hung driver where no kill reaches it.
+        call hung on one of them (V(driver_hung)), since a CUDA start can stick in a hung driver where no kill reaches it.
       - Measured on an H200 (persistence mode on) 0.34-0.60 s per GPU in a fresh helper, the GPUs in parallel.
     type: bool
     default: true
