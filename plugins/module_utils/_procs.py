@@ -395,7 +395,6 @@ def discover(req: Request) -> Plan:
 
 def take_census(req: Request, plan: Plan) -> Census:
     """Read every process, what must never be signalled, where NVML lists each pid, and the device files' holders."""
-    facts = {pid: f for pid in _proctable.pids() if (f := read_facts(pid)) is not None}
     minor_to_index = {g.minor: g.index for g in (req.every_gpu or req.gpus) if g.minor is not None}
     holders: dict[int, _proctable.Holding] = {}
     unreadable: set[int] = set()
@@ -405,6 +404,10 @@ def take_census(req: Request, plan: Plan) -> Census:
         plan.unreadable = len(unreadable)
         if unreadable:
             plan.notes.append(f"{len(unreadable)} process(es) could not be inspected for device files (permission); run with become: true.")
+    # The facts after the holders: a process that execs between the two reads (a launcher's fork becoming a worker,
+    # or anything becoming a protected daemon) is then judged and named by what it runs now, not by what it ran before
+    # its exec (a CI run once reported a new worker under its launcher's name and command line).
+    facts = {pid: f for pid in _proctable.pids() if (f := read_facts(pid)) is not None}
     return Census(
         req=req,
         facts=facts,
