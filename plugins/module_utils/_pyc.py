@@ -49,13 +49,20 @@ def directory() -> str:
     return os.path.join(base, "gpuops-clean_slate", "pyc", sys.implementation.cache_tag or "none")
 
 
-def trusted(path: str) -> bool:
-    """Whether ``path`` is a directory of this user's that no one else can write (as Python trusts ``__pycache__``)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return os.path.isdir(path) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+def trusted(path: str, mask: int = 0o022) -> bool:
+    """Whether ``path`` is a directory of this user's that no one else can write, below one of the same (so that no one
+    else can put another directory in its place either); ``mask``: the permission bits others may not have.
+
+    One rule for both of the collection's caches of code: this one on the target, and the controller's kept payloads
+    (plugin_utils/_payload.py, with ``mask`` 0o077)."""
+    for d in (path, os.path.dirname(path)):
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        if not os.path.isdir(d) or st.st_uid != os.geteuid() or st.st_mode & mask:
+            return False
+    return True
 
 
 class Cache:
@@ -200,6 +207,7 @@ def install(loader: t.Any = None) -> Cache | None:
         path = directory()
         write = check_mode() is False
         if write and not os.path.isdir(path):
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # makedirs gives its mode to the last one only
             os.makedirs(path, mode=0o700, exist_ok=True)
         if not trusted(path):
             return None

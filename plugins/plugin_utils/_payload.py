@@ -39,6 +39,8 @@ import ansible
 from ansible import constants as C
 from ansible.release import __version__ as ANSIBLE_VERSION
 
+from ansible_collections.gpuops.clean_slate.plugins.module_utils import _pyc
+
 #: The module whose payload is kept (Ansible's cache file names begin with its FQN).
 MODULE = "ansible_collections.gpuops.clean_slate.plugins.modules.clean_slate_node"
 #: Where the kept payloads go, beside the run's own local temporary directory.
@@ -62,12 +64,9 @@ def _kept() -> str | None:
 
 
 def _trusted(path: str) -> bool:
-    """A directory of this user's that no one else can write, below one of the same (as Python trusts __pycache__)."""
-    for d in (path, os.path.dirname(path)):
-        st = os.stat(d)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
-            return False
-    return True
+    """A directory of this user's that only this user can read or write, below one of the same (the rule of the
+    target's bytecode cache, stricter: a payload is the code a host runs as root)."""
+    return _pyc.trusted(path, mask=0o077)
 
 
 def _stamp(path: str) -> list[t.Any] | None:

@@ -4,7 +4,9 @@ report files. Tags and failures: test_role_failures.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import marshal
 import os
 from pathlib import Path
 
@@ -66,9 +68,19 @@ def load(a: Node, b: Node, sb) -> list:
 def test_two_hosts_with_serial_strategy_free_and_linear(two_nodes, tmp_path: Path, keywords: dict) -> None:
     a, b, sb = two_nodes
     workers = load(a, b, sb)
-    run = run_playbook(play(**keywords), inventory=inventory(tmp_path, {"host-a": a, "host-b": b}), env=a.env(), wrapper=sb.nsenter_prefix())
+    # A cache directory of this run's own, to see the payload's bytecode cache (module_utils/_pyc) at work.
+    cache = tmp_path / "xdg"
+    run = run_playbook(
+        play(**keywords), inventory=inventory(tmp_path, {"host-a": a, "host-b": b}), env={**a.env(), "XDG_CACHE_HOME": str(cache)}, wrapper=sb.nsenter_prefix()
+    )
     assert run.rc == 0, run.output
     assert not any(w.alive() for w in workers)
+    # The module ran from its payload's zip and stored the code of the collection's files it imported, each named by its
+    # place in the payload (the same every run, so the next run loads it), in a directory only this user can write.
+    [tagged] = (cache / "gpuops-clean_slate" / "pyc").iterdir()
+    names = {marshal.loads(e.read_bytes()[len(importlib.util.MAGIC_NUMBER) :]).co_filename for e in tagged.iterdir()}
+    assert "ansible_collections/gpuops/clean_slate/plugins/module_utils/_node.py" in names and all(n.startswith("ansible_collections/gpuops/clean_slate/") for n in names), names
+    assert tagged.stat().st_mode & 0o777 == 0o700
     summaries = {h: run.summary(h) for h in ("host-a", "host-b")}
     assert summaries["host-a"].startswith("host-a: 4/4 GPUs clean in ") and "3 processes ended" in summaries["host-a"]
     assert summaries["host-b"].startswith("host-b: 4/4 GPUs clean in ") and "2 processes ended" in summaries["host-b"]

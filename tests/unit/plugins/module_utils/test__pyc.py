@@ -105,6 +105,14 @@ def test_only_a_directory_of_this_users_that_no_one_else_can_write_is_trusted(tm
     assert _pyc.trusted(str(mine))
     os.chmod(mine, 0o777)
     assert not _pyc.trusted(str(mine)) and not _pyc.trusted(str(tmp_path / "absent"))
+    # Nor one below a directory others can write: they could put their own in its place.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "cache").mkdir(mode=0o700)
+    os.chmod(shared, 0o700)
+    assert _pyc.trusted(str(shared / "cache"))
+    os.chmod(shared, 0o777)
+    assert not _pyc.trusted(str(shared / "cache"))
 
 
 def test_nothing_is_installed_outside_a_payload_or_when_switched_off(monkeypatch) -> None:
