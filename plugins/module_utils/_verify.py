@@ -882,6 +882,10 @@ def startability(run: StartRun, look: t.Callable[[], dict[str, t.Any]]) -> tuple
         raw, peers_raw, left_behind = _cuda.probe_all(targets, params["cuda_probe_memory_fraction"], params["cuda_probe_timeout"], peers, on_step, run.early)
         if together:
             together.raw = peers_raw
+    elif run.early is not None:
+        # No start after all (every GPU busy, or a hung driver): the helpers forked early are ended now, and one that
+        # a driver holds past its SIGKILL is reported like any helper of a start, not dropped when the run ends.
+        left_behind = run.early.close()
     devices = look()
     return devices, judge_starts(run, devices, targets, raw, left_behind, began)
 
