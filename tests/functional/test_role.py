@@ -79,7 +79,8 @@ def test_two_hosts_with_serial_strategy_free_and_linear(two_nodes, tmp_path: Pat
     # place in the payload (the same every run, so the next run loads it), in a directory only this user can write.
     [tagged] = (cache / "gpuops-clean_slate" / "pyc").iterdir()
     names = {marshal.loads(e.read_bytes()[len(importlib.util.MAGIC_NUMBER) :]).co_filename for e in tagged.iterdir()}
-    assert "ansible_collections/gpuops/clean_slate/plugins/module_utils/_node.py" in names and all(n.startswith("ansible_collections/gpuops/clean_slate/") for n in names), names
+    ours = "ansible_collections/gpuops/clean_slate/"
+    assert f"{ours}plugins/module_utils/_node.py" in names and all(n.startswith(ours) for n in names), names
     assert tagged.stat().st_mode & 0o777 == 0o700
     summaries = {h: run.summary(h) for h in ("host-a", "host-b")}
     assert summaries["host-a"].startswith("host-a: 4/4 GPUs clean in ") and "3 processes ended" in summaries["host-a"]
